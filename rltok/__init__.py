@@ -1,0 +1,25 @@
+"""rltok: learned tokenization end to end.
+
+A byte-level autoregressive U-Net whose chunk boundaries ("tokens") are chosen by a policy trained
+with REINFORCE (Dauncey & Wattenhofer, ICML 2026), with every baseline in one harness.
+
+    >>> import rltok
+    >>> model = rltok.load("runs/tiny")
+    >>> res = rltok.score(model, ["The city council met on Tuesday."])
+    >>> rltok.segment(model, "The city council met on Tuesday.")
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["load", "score", "segment", "__version__"]
+
+
+def __getattr__(name: str):
+    # imported lazily so that `rltok --help` does not pay for importing torch
+    if name in ("load", "score", "segment"):
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(name)

@@ -1,0 +1,181 @@
+"""``rl``: the learned boundary policy trained with the score-function estimator (spec 2-3).
+
+Policy logit at byte t, from the encoder output h_t and, for w > 1, its own last w-1 decisions:
+
+    V_t = W h_t + beta                                       (Linear(d, w))
+    l_t = softcap( s * (V_t[w-1] + sum_{j=1}^{w-1} V_t[w-1-j] * b_{t-j}) + logit(r*) )
+    b_t ~ Bernoulli(sigmoid(l_t));  b_0 = b_{S-1} = 1 (forced, log-prob 0)
+
+For w = 1 every position is an independent Bernoulli given h and is sampled in parallel. For
+w > 1 sampling is a scan over time under no_grad; the logits are then recomputed differentiably
+from the sampled decisions (teacher forcing), which gives log pi(b_t | h, b_<t).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..config import BoundaryConfig, ModelConfig
+from ..errors import RltokError
+from .. import estimator as est
+from ..model.chunking import force_ends, forced_mask
+from .base import (BoundaryModule, BoundaryOutput, LossContext, MethodSpec, bernoulli_entropy,
+                   bernoulli_log_prob, register, unet_builder)
+
+
+@dataclass
+class PolicyConfig(BoundaryConfig):
+    lm_weight: float = 0.9
+    early_weight: float = 0.1
+    window: int = 1  # w: condition on the policy's own last w-1 decisions (paper runs: 8)
+    scale: float = 1.0  # s: logit scale (paper: 1/16; 1 learns far faster at small scale)
+    softcap: float = 6.0  # l -> c * tanh(l / c); 0 disables
+    cap_at_eval: bool = True  # keep the soft cap in eval mode (the reference code is ambiguous)
+    detach_input: bool = False  # True: policy gradients do not reach the encoder
+    gamma: float = 0.99  # discount of the reward-to-go; 1 = undiscounted
+    reward: str = "early_exit"  # early_exit: CE_early - CE; neg_ce: -CE
+    baseline: str = "batch_mean"  # batch_mean (paper), leave_one_out (unbiased), none
+    baseline_group: int = 0  # sequences sharing a baseline; 0 = the whole micro-batch
+    baseline_scope: str = "local"  # local: per rank (the paper); global: summed over ranks
+    pg_weight: float = 0.01  # weight of the policy-gradient surrogate
+    rate_weight: float = 0.01  # weight of the rate penalty ("consistency loss")
+    rate_loss: str = "logit_shift"  # logit_shift (the paper) or hnet (H-Net's ratio loss)
+    return_block: int = 64  # block length of the blocked reward-to-go
+
+    def validate(self) -> None:
+        super().validate()
+        if self.window < 1:
+            raise RltokError(f"boundary.window={self.window} must be >= 1")
+        if not (0.0 < self.gamma <= 1.0):
+            raise RltokError(f"boundary.gamma={self.gamma} must be in (0, 1]")
+        if self.scale <= 0:
+            raise RltokError(f"boundary.scale={self.scale} must be > 0")
+        if self.softcap < 0:
+            raise RltokError(f"boundary.softcap={self.softcap} must be >= 0")
+        if self.reward not in est.REWARDS:
+            raise RltokError(f"boundary.reward={self.reward!r} must be one of {est.REWARDS}")
+        if self.baseline not in est.BASELINES:
+            raise RltokError(f"boundary.baseline={self.baseline!r} must be one of {est.BASELINES}")
+        if self.baseline_scope not in ("local", "global"):
+            raise RltokError(f"boundary.baseline_scope={self.baseline_scope!r} must be local or global")
+        if self.baseline_group < 0:
+            raise RltokError("boundary.baseline_group must be >= 0")
+        if self.rate_loss not in ("logit_shift", "hnet"):
+            raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift or hnet")
+        if self.pg_weight < 0 or self.rate_weight < 0:
+            raise RltokError("boundary.pg_weight and boundary.rate_weight must be >= 0")
+        if self.return_block < 1:
+            raise RltokError("boundary.return_block must be >= 1")
+
+
+class BoundaryPolicy(BoundaryModule):
+    name = "rl"
+    learned = True
+    stochastic = True
+
+    def __init__(self, model_cfg: ModelConfig, cfg: PolicyConfig):
+        super().__init__(model_cfg, cfg)
+        self.proj = nn.Linear(model_cfg.d_model, cfg.window)
+        self.bias0 = math.log(cfg.target_rate / (1 - cfg.target_rate))
+
+    # -- logits ------------------------------------------------------------------------------
+    def _cap(self, x: Tensor) -> Tensor:
+        c = self.cfg.softcap
+        if c > 0 and (self.training or self.cfg.cap_at_eval):
+            return c * torch.tanh(x / c)
+        return x
+
+    def _logits(self, V: Tensor, b: Tensor | None) -> Tensor:
+        """Teacher-forced logits (B, S) from V (B, S, w) and decisions b (B, S)."""
+        w = V.shape[-1]
+        a = V[..., w - 1]
+        if w > 1:
+            hist = torch.nn.functional.pad(b.float(), (w - 1, 0))[:, :-1]  # b_{t-1} at t
+            win = hist.unfold(1, w - 1, 1)  # (B, S, w-1): win[..., k] = b_{t-w+1+k}
+            a = a + (V[..., : w - 1] * win).sum(-1)
+        return self._cap(self.cfg.scale * a + self.bias0)
+
+    @torch.no_grad()
+    def _scan(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+        """Sequential sampling for w > 1: each decision conditions on the previous w-1."""
+        B, S, w = V.shape
+        coef, bias = V[..., : w - 1], V[..., w - 1]
+        win = V.new_zeros(B, w - 1)  # win[:, k] = b_{t-w+1+k}
+        out = torch.zeros(B, S, dtype=torch.bool, device=V.device)
+        for t in range(S):
+            if t == 0 or t == S - 1:
+                bt = torch.ones(B, dtype=torch.bool, device=V.device)
+            else:
+                lt = self._cap(self.cfg.scale * (bias[:, t] + (coef[:, t] * win).sum(-1)) + self.bias0)
+                bt = (lt > 0) if greedy else (u[:, t] < torch.sigmoid(lt))
+                bt = bt & valid[:, t]
+            out[:, t] = bt
+            win = torch.cat([win[:, 1:], bt[:, None].to(win.dtype)], dim=1)
+        return out
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
+                fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
+        x = h.detach() if self.cfg.detach_input else h
+        V = self.proj(x).float()
+        B, S, w = V.shape
+        greedy = mode == "greedy"
+        if fixed is None and not greedy and noise is None:
+            noise = torch.rand(B, S, device=h.device)
+        if fixed is not None:
+            b = fixed.bool()
+        elif w == 1:
+            l1 = self._logits(V, None)
+            b = (l1 > 0) if greedy else (noise < torch.sigmoid(l1))
+        else:
+            b = self._scan(V.detach(), noise, valid, greedy)
+        b = force_ends(b, valid)
+        logits = self._logits(V, b)
+        decided = valid & ~forced_mask((B, S), h.device)
+        probs = torch.sigmoid(logits)
+        log_prob = bernoulli_log_prob(b, logits) * decided
+        return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,
+                              log_prob=log_prob, entropy=bernoulli_entropy(logits))
+
+    # -- estimator ---------------------------------------------------------------------------
+    def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
+        cfg, out = self.cfg, ctx.out
+        mask = ctx.target_mask
+        r = est.rewards(ctx.ce, ctx.ce_early, cfg.reward)
+        reducer = ctx.all_reduce_sum if cfg.baseline_scope == "global" else None
+        adv = est.batch_relative(r, mask, cfg.baseline, cfg.baseline_group, reducer)
+        G = est.discounted_reward_to_go(adv, cfg.gamma, cfg.return_block)
+        pg = est.policy_gradient_surrogate(G, out.log_prob, mask)
+        if cfg.rate_loss == "logit_shift":
+            rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
+                                          cfg.target_rate, ctx.reduce_mean)
+        else:
+            v = ctx.valid.float()
+            n = v.sum().clamp(min=1)
+            pbar = (out.probs * out.decided + (v - out.decided.float())).sum() / n
+            fbar = ctx.reduce_mean((out.hard.detach() * v).sum() / n)
+            rate = est.ratio_loss(fbar, pbar, cfg.target_rate)
+        dm = out.decided & mask
+        adv_mean, adv_std = est.masked_mean_std(adv, dm)
+        _, ret_std = est.masked_mean_std(G, dm)
+        n_dec = dm.float().sum().clamp(min=1)
+        stats = {
+            "pg_loss": pg.detach(), "rate_loss": rate.detach(), "policy_rate": pbar.detach(),
+            "reward_mean": (r * mask).sum().detach() / mask.float().sum().clamp(min=1),
+            "adv_mean": adv_mean, "adv_std": adv_std, "return_std": ret_std,
+            "logp_mean": (out.log_prob.detach() * dm).sum() / n_dec,
+            "entropy": (out.entropy.detach() * dm).sum() / n_dec,
+        }
+        return cfg.pg_weight * pg + cfg.rate_weight * rate, stats
+
+
+register(MethodSpec(
+    name="rl",
+    config_cls=PolicyConfig,
+    build=unet_builder(BoundaryPolicy),
+    description="learned boundary policy trained with REINFORCE (the paper's method)",
+))

@@ -1,0 +1,80 @@
+"""The ``rltok`` command line: thin parsers that call library functions and print results.
+
+Each subcommand lives in its own module with ``register(subparsers)``; errors a user can cause
+are printed as one line (``error: ...``) with a non-zero exit status and no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ..errors import RltokError
+
+# subcommand modules, in the order --help lists them
+COMMANDS = ("train", "eval", "compare", "tasks", "analyze", "boundaries", "plot", "generate", "bench", "data")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    p = argparse.ArgumentParser(
+        prog="rltok",
+        description="Learned tokenization end to end: a byte-level U-Net whose chunk boundaries "
+                    "are learned with REINFORCE, every baseline in one harness.",
+        epilog="Run `rltok COMMAND --help` for the options of a command.")
+    p.add_argument("--version", action="version", version=f"rltok {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"{__name__}.{name}_cmd")
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{name}_cmd":
+                continue  # command not available in this build
+            raise
+        mod.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except RltokError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("rltok: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+def parse_size(text: str) -> int:
+    """'6e6', '6M', '500k', '1.5G' -> bytes (decimal units)."""
+    s = text.strip().lower().rstrip("b")
+    mult = {"k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}.get(s[-1:], 1)
+    if s[-1:] in "kmgt":
+        s = s[:-1]
+    try:
+        v = float(s) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 6e6, 6M, 500k)") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return int(v)
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return v

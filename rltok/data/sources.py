@@ -1,0 +1,173 @@
+"""Reading documents from a data source.
+
+A source is a file, a directory (read recursively), a glob, a prepared directory (see
+``rltok data prepare``) or a built-in name (``stdlib``, ``english``). Formats by extension:
+
+* ``.txt .md .rst .py .pod`` (and any explicitly named file of another type): one document per file
+* ``.jsonl``: one JSON object per line with a ``text`` field (``data.text_field``)
+* ``.json``: a top-level array of such objects (or one object)
+* ``.parquet``: the ``text`` column
+* any of these with ``.gz``
+
+Documents are bytes: invalid UTF-8 is kept as is. Every problem is reported as one line naming the
+file (and line): a missing path, a malformed JSON line, a missing or non-string text field, a
+truncated gzip or parquet file.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import gzip
+import io
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+from ..config import DataConfig
+from ..errors import RltokError
+from .corpus import Corpus, normalize_docs
+
+TEXT_EXTS = (".txt", ".md", ".rst", ".py", ".pod", ".text")
+JSONL_EXTS = (".jsonl", ".ndjson")
+KNOWN_EXTS = TEXT_EXTS + JSONL_EXTS + (".json", ".parquet")
+
+
+def _base_ext(path: Path) -> tuple[str, bool]:
+    name = path.name.lower()
+    gz = name.endswith(".gz")
+    if gz:
+        name = name[:-3]
+    return os.path.splitext(name)[1], gz
+
+
+def _open_bytes(path: Path, gz: bool) -> bytes:
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise RltokError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not gz:
+        return raw
+    try:
+        return gzip.decompress(raw)
+    except (OSError, EOFError, zlib.error) as e:
+        raise RltokError(f"{path}: not a valid gzip file ({e})") from None
+
+
+def _text_of(obj, path: Path, where: str, field: str) -> bytes:
+    if not isinstance(obj, dict):
+        raise RltokError(f"{path}:{where}: expected a JSON object with a {field!r} field, got {type(obj).__name__}")
+    if field not in obj:
+        raise RltokError(f"{path}:{where}: no {field!r} field (set data.text_field)")
+    text = obj[field]
+    if not isinstance(text, str):
+        raise RltokError(f"{path}:{where}: field {field!r} is {type(text).__name__}, not a string")
+    return text.encode("utf-8", errors="surrogatepass")
+
+
+def read_jsonl(path: Path, gz: bool, field: str) -> Iterator[bytes]:
+    data = _open_bytes(path, gz)
+    for lineno, line in enumerate(io.BytesIO(data), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            msg = e.msg if isinstance(e, json.JSONDecodeError) else "invalid UTF-8"
+            raise RltokError(f"{path}:{lineno}: malformed JSON line ({msg})") from None
+        yield _text_of(obj, path, str(lineno), field)
+
+
+def read_json(path: Path, gz: bool, field: str) -> Iterator[bytes]:
+    data = _open_bytes(path, gz)
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        where = f"{e.lineno}" if isinstance(e, json.JSONDecodeError) else "1"
+        raise RltokError(f"{path}:{where}: malformed JSON") from None
+    items = obj if isinstance(obj, list) else [obj]
+    for i, item in enumerate(items):
+        yield _text_of(item, path, f"item {i}", field)
+
+
+def read_parquet(path: Path, field: str) -> Iterator[bytes]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover
+        raise RltokError(f"{path}: reading parquet needs pyarrow (pip install pyarrow)") from None
+    try:
+        pf = pq.ParquetFile(path)
+        if field not in pf.schema_arrow.names:
+            raise RltokError(f"{path}: no {field!r} column (columns: {', '.join(pf.schema_arrow.names)})")
+        for batch in pf.iter_batches(columns=[field], batch_size=4096):
+            for v in batch.column(0).to_pylist():
+                if v is None:
+                    continue
+                if isinstance(v, bytes):
+                    yield v
+                elif isinstance(v, str):
+                    yield v.encode("utf-8", errors="surrogatepass")
+                else:
+                    raise RltokError(f"{path}: column {field!r} holds {type(v).__name__}, not text")
+    except RltokError:
+        raise
+    except Exception as e:  # pyarrow raises many types for corrupt files
+        raise RltokError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+
+
+def read_file(path: Path, field: str = "text") -> Iterator[bytes]:
+    ext, gz = _base_ext(path)
+    if ext in JSONL_EXTS:
+        yield from read_jsonl(path, gz, field)
+    elif ext == ".json":
+        yield from read_json(path, gz, field)
+    elif ext == ".parquet":
+        yield from read_parquet(path, field)
+    else:
+        yield _open_bytes(path, gz)
+
+
+def expand_paths(spec: str) -> list[Path]:
+    p = Path(spec).expanduser()
+    if p.is_file():
+        return [p]
+    if p.is_dir():
+        files = [f for f in sorted(p.rglob("*")) if f.is_file() and _base_ext(f)[0] in KNOWN_EXTS
+                 and not any(part.startswith(".") for part in f.relative_to(p).parts)]
+        if not files:
+            raise RltokError(f"data source {spec!r}: directory has no {'/'.join(KNOWN_EXTS)} files")
+        return files
+    if any(c in spec for c in "*?["):
+        files = [Path(f) for f in sorted(globlib.glob(os.path.expanduser(spec), recursive=True))
+                 if Path(f).is_file()]
+        if not files:
+            raise RltokError(f"data source {spec!r}: the glob matches no files")
+        return files
+    from .builtin import BUILTINS
+
+    raise RltokError(f"data source {spec!r}: no such file or directory, and not a built-in corpus "
+                     f"({', '.join(BUILTINS)})")
+
+
+def read_documents(spec: str, cfg: DataConfig | None = None) -> list[bytes]:
+    """All documents of a source (before the split), long ones cut, short ones dropped."""
+    cfg = cfg or DataConfig()
+    from .builtin import BUILTINS, load_builtin
+
+    if spec.startswith("hf:"):
+        raise RltokError(f"data source {spec!r}: hub datasets are streamed by `rltok data prepare "
+                         f"{spec} --out DIR`; then train with --data DIR")
+    if spec in BUILTINS:
+        docs = load_builtin(spec)
+    else:
+        docs = [d for f in expand_paths(spec) for d in read_file(f, cfg.text_field)]
+    docs = normalize_docs(docs, cfg)
+    if not docs:
+        raise RltokError(f"data source {spec!r}: no documents (empty, or all shorter than "
+                         f"data.min_doc_bytes={cfg.min_doc_bytes})")
+    return docs
+
+
+def load_corpus(spec: str, cfg: DataConfig | None = None) -> Corpus:
+    return Corpus.from_docs(read_documents(spec, cfg), name=spec)

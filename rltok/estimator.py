@@ -1,0 +1,141 @@
+"""The score-function (REINFORCE) estimator for boundary policies, as pure tensor functions.
+
+Spec section 3. For per-position losses of a batch (B, S):
+
+1. reward      r_t = CE^early_t - CE_t                  (or -CE_t without the early-exit baseline)
+2. advantage   A_t = r_t - mean_batch(r_t)              (per position; or leave-one-out; or none)
+3. return      G_t = sum_{k>=t} gamma^(k-t) A_k         (reward-to-go, detached)
+4. surrogate   L_PG = -(1/N) sum_t G_t log pi(b_t)
+5. rate        L_rate = (mean pi - r*)_sg * mean logit  (a proportional controller on all logits)
+
+All on the model's device, float32, vectorised: no host round trip and no loop over time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .errors import RltokError
+
+REWARDS = ("early_exit", "neg_ce")
+BASELINES = ("batch_mean", "leave_one_out", "none")
+
+
+def rewards(ce: Tensor, ce_early: Tensor, kind: str = "early_exit") -> Tensor:
+    """Per-position reward in nats: how much the chunk pathway improved the prediction."""
+    if kind == "early_exit":
+        return (ce_early - ce).detach().float()
+    if kind == "neg_ce":
+        return (-ce).detach().float()
+    raise RltokError(f"boundary.reward={kind!r} must be one of {REWARDS}")
+
+
+def batch_relative(r: Tensor, mask: Tensor, kind: str = "batch_mean", group: int = 0,
+                   all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """Subtract a per-position baseline computed across the sequences of a group.
+
+    ``group`` consecutive sequences share a baseline (0: the whole micro-batch). With
+    ``all_reduce_sum`` the sums run over the same group on every data-parallel rank (global).
+
+    * ``batch_mean`` (the paper): A = r - mean(r). Includes the sequence itself, so in
+      expectation the gradient is scaled by (n-1)/n (n sequences per baseline): same direction,
+      slightly smaller; unbiased up to that factor.
+    * ``leave_one_out``: A = r - mean of the *other* sequences. Unbiased.
+    * ``none``: A = r.
+    """
+    if kind not in BASELINES:
+        raise RltokError(f"boundary.baseline={kind!r} must be one of {BASELINES}")
+    r = r.float()
+    m = mask.float()
+    if kind == "none":
+        return r * m
+    B, S = r.shape
+    g = B if group <= 0 else group
+    if B % g:
+        raise RltokError(f"boundary.baseline_group={group} must divide the micro-batch ({B})")
+    rg, mg = (r * m).view(B // g, g, S), m.view(B // g, g, S)
+    total, count = rg.sum(1, keepdim=True), mg.sum(1, keepdim=True)
+    if all_reduce_sum is not None:
+        total, count = all_reduce_sum(total), all_reduce_sum(count)
+    if kind == "batch_mean":
+        base = total / count.clamp(min=1)
+    else:
+        others = count - mg
+        base = torch.where(others > 0, (total - rg) / others.clamp(min=1), torch.zeros_like(rg))
+    return ((rg - base) * mg).view(B, S)
+
+
+def discounted_reward_to_go(r: Tensor, gamma: float, block: int = 64) -> Tensor:
+    """G_t = sum_{k>=t} gamma^(k-t) r_k along the last axis, float32.
+
+    Two-level blocked form: a discounted sum inside blocks of ``block`` positions (a small
+    Toeplitz matmul) plus a carry between blocks (another one). Every power of gamma used is
+    <= 1, so it is stable at any length (the one-shot gamma^-t rescaling overflows beyond
+    ~1000 positions); cost O(S * block + S^2 / block).
+    """
+    if not (0.0 < gamma <= 1.0):
+        raise RltokError(f"boundary.gamma={gamma} must be in (0, 1]")
+    with torch.autocast(device_type=r.device.type, enabled=False):
+        x = r.float()
+        *lead, S = x.shape
+        L = max(1, min(block, S))
+        nb = math.ceil(S / L)
+        x = F.pad(x, (0, nb * L - S)).view(*lead, nb, L)
+        dev = x.device
+        i = torch.arange(L, device=dev)
+        e = (i[None, :] - i[:, None]).double()  # e[i, j] = j - i
+        g = torch.tensor(gamma, dtype=torch.float64, device=dev)
+        D = torch.where(e >= 0, g ** e.clamp(min=0), torch.zeros_like(e)).float()  # (L, L)
+        local = x @ D.T  # local[n, i] = sum_{j>=i} gamma^(j-i) x[n, j]
+        n = torch.arange(nb, device=dev)
+        en = (n[None, :] - n[:, None] - 1).double()  # m - n - 1
+        E = torch.where(en >= 0, g ** (L * en.clamp(min=0)), torch.zeros_like(en)).float()
+        carry = local[..., 0] @ E.T  # value at the start of block n+1, discounted to its start
+        decay = (g ** (L - i).double()).float()  # gamma^(L - i): from position i to the next block
+        G = local + carry[..., None] * decay
+        return G.reshape(*lead, nb * L)[..., :S]
+
+
+def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor) -> Tensor:
+    """-(1/N) sum G_t log pi(b_t); N = positions with a target. Its gradient is the estimate."""
+    m = mask.float()
+    return -(returns.detach() * log_prob.float() * m).sum() / m.sum().clamp(min=1)
+
+
+def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,
+                 reduce_mean: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """(pbar - r*)_sg * mean logit, with forced positions counted as probability 1 (the paper).
+
+    Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
+    down together when the rate is above target and up when below.
+    """
+    d, v = decided.float(), valid.float()
+    n = v.sum().clamp(min=1)
+    pbar = (probs.float() * d + (v - d)).sum() / n
+    pbar_g = pbar.detach() if reduce_mean is None else reduce_mean(pbar.detach())
+    lbar = (logits.float() * d).sum() / n
+    return (pbar_g - target) * lbar, pbar
+
+
+def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    m = mask.float()
+    n = m.sum().clamp(min=1)
+    mean = (x * m).sum() / n
+    var = (((x - mean) ** 2) * m).sum() / n
+    return mean, var.sqrt()
+
+
+def ratio_loss(hard_mean: Tensor, prob_mean: Tensor, target: float) -> Tensor:
+    """H-Net's load-balancing ratio loss: N/(N-1) * ((N-1) F G + (1-F)(1-G)), N = 1/r*.
+
+    F (fraction of boundaries) enters as a constant, G (mean probability) carries the gradient;
+    the minimum over G is at F = 1/N.
+    """
+    N = 1.0 / target
+    F_, G_ = hard_mean.detach(), prob_mean
+    return N / (N - 1) * ((N - 1) * F_ * G_ + (1 - F_) * (1 - G_))

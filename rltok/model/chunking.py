@@ -1,0 +1,106 @@
+"""Index arithmetic shared by every boundary method: boundaries -> chunks and back.
+
+Convention (spec section 1.5): ``b[t] = 1`` means byte t is the *last* byte of a chunk.
+
+* ``up[t]   = (sum_{j<=t} b_j) - 1``: the most recent chunk that ended at or before t. Byte t
+  receives that chunk's main-network output (its prediction of byte t+1 may use it).
+* ``down[t] = sum_{j<t} b_j``: the chunk byte t belongs to (zeros merge into the next 1).
+* ``positions[c]``: byte position of chunk c's last byte; the main network's RoPE position.
+
+Worked example, b = [1,0,0,1,0,0,0,1,0,1]: chunks {0},{1,2,3},{4,5,6,7},{8,9}; positions
+(0,3,7,9); up = [0,0,0,1,1,1,1,2,2,3]; down = [0,1,1,1,2,2,2,2,3,3].
+
+Everything is vectorised over batch and time; chunk sequences are right-padded to the longest.
+Right padding needs no mask under causal attention: real chunks never attend to later padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Chunks:
+    positions: Tensor  # (B, M) long: byte position of each chunk's last byte (padding: S-1)
+    valid: Tensor  # (B, M) bool: real chunks
+    up: Tensor  # (B, S) long: c_up(t)
+    down: Tensor  # (B, S) long: c_down(t)
+    counts: Tensor  # (B,) long: chunks per sequence
+
+    @property
+    def max_chunks(self) -> int:
+        return self.positions.shape[1]
+
+
+def chunk_indices(b: Tensor, pad_multiple: int = 1) -> Chunks:
+    """Index tensors for boundaries ``b`` (B, S), bool or {0,1}. ``b[:, 0]`` must be 1.
+
+    One host sync reads the longest chunk count (to size the padded chunk tensor); with
+    ``pad_multiple`` > 1 it is rounded up so the main network sees few distinct shapes.
+    """
+    b = b.bool()
+    B, S = b.shape
+    csum = b.long().cumsum(1)
+    up = csum - 1
+    down = csum - b.long()
+    counts = csum[:, -1]
+    M = int(counts.max().item())
+    if pad_multiple > 1:
+        M = -(-M // pad_multiple) * pad_multiple
+    M = max(M, 1)
+    slot = torch.where(b, up, torch.full_like(up, M))  # non-boundaries go to a dump column
+    positions = torch.full((B, M + 1), S - 1, dtype=torch.long, device=b.device)
+    positions.scatter_(1, slot, torch.arange(S, device=b.device).expand(B, S))
+    positions = positions[:, :M]
+    valid = torch.arange(M, device=b.device)[None, :] < counts[:, None]
+    return Chunks(positions=positions, valid=valid, up=up.clamp(min=0), down=down, counts=counts)
+
+
+def select(h: Tensor, chunks: Chunks) -> Tensor:
+    """z_c = h at chunk c's last byte; zeros on padding. (B, S, d) -> (B, M, d)."""
+    idx = chunks.positions[..., None].expand(-1, -1, h.shape[-1])
+    z = torch.gather(h, 1, idx)
+    return z * chunks.valid[..., None].to(z.dtype)
+
+
+def mean_pool(h: Tensor, chunks: Chunks, weights: Tensor | None = None) -> Tensor:
+    """Weighted mean of the bytes of each chunk. (B, S, d) -> (B, M, d).
+
+    ``weights`` (B, S) default to ones; Nawrot's straight-through pooling passes weights that are
+    1 in the forward pass and carry the boundary gradient.
+    """
+    B, S, d = h.shape
+    M = chunks.max_chunks
+    w = torch.ones(B, S, dtype=h.dtype, device=h.device) if weights is None else weights.to(h.dtype)
+    idx = chunks.down.clamp(max=M - 1)
+    num = torch.zeros(B, M, d, dtype=h.dtype, device=h.device)
+    num = num.scatter_add(1, idx[..., None].expand(-1, -1, d), h * w[..., None])
+    den = torch.zeros(B, M, dtype=h.dtype, device=h.device).scatter_add(1, idx, w)
+    return num / den.clamp(min=1e-9)[..., None] * chunks.valid[..., None].to(h.dtype)
+
+
+def gather_up(zhat: Tensor, chunks: Chunks) -> Tensor:
+    """Chunk outputs back to bytes: out[t] = zhat[c_up(t)]. (B, M, d) -> (B, S, d)."""
+    idx = chunks.up[..., None].expand(-1, -1, zhat.shape[-1])
+    return torch.gather(zhat, 1, idx)
+
+
+def force_ends(b: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Force boundaries at position 0 and at the last position; clear them on padding."""
+    b = b.clone()
+    if valid is not None:
+        b = b & valid if b.dtype == torch.bool else b * valid.to(b.dtype)
+    b[:, 0] = 1
+    b[:, -1] = 1
+    return b
+
+
+def forced_mask(shape: tuple[int, int], device: torch.device) -> Tensor:
+    """(B, S) bool: the positions whose boundary is forced (first and last)."""
+    m = torch.zeros(shape, dtype=torch.bool, device=device)
+    m[:, 0] = True
+    m[:, -1] = True
+    return m

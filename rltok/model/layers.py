@@ -1,0 +1,127 @@
+"""Transformer building blocks: RMSNorm, RoPE at arbitrary integer positions, causal attention
+(full or sliding-window), gated MLP, pre-norm block.
+
+Positions are integer byte positions; rotary angles are computed in float32 (exact for positions
+below 2**24), unlike the reference code, which built positions in bf16 (spec section 1.5).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope_angles(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """cos/sin for integer positions of shape (..., T) -> (..., 1, T, head_dim/2), float32.
+
+    The head axis is inserted before T so the result broadcasts against (B, H, T, hd/2).
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float32) / head_dim))
+    ang = positions.to(torch.float32)[..., None] * inv_freq  # (..., T, hd/2)
+    return ang.cos().unsqueeze(-3), ang.sin().unsqueeze(-3)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate-half RoPE on x of shape (B, H, T, hd)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].float(), x[..., half:].float()
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return out.to(x.dtype)
+
+
+def _band_mask(window: int, device: torch.device) -> Tensor:
+    """Mask for blocked local attention: queries of block n (W of them) against the keys of
+    blocks n-1 and n (2W). Query i may see key j iff i < j <= i + W, i.e. the W most recent
+    positions including itself."""
+    i = torch.arange(window, device=device)[:, None]
+    j = torch.arange(2 * window, device=device)[None, :]
+    return (j > i) & (j <= i + window)
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
+    """Exact causal sliding-window attention in O(T * window) with SDPA on blocks.
+
+    q, k, v: (B, H, T, hd). Each query at t attends keys t-window+1 .. t.
+    """
+    B, H, T, hd = q.shape
+    W = window
+    nb = -(-T // W)
+    pad = nb * W - T
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+    qb = q.view(B, H, nb, W, hd)
+    kb = k.view(B, H, nb, W, hd)
+    vb = v.view(B, H, nb, W, hd)
+    k2 = torch.cat([F.pad(kb, (0, 0, 0, 0, 1, 0))[:, :, :-1], kb], dim=3)  # (B,H,nb,2W,hd)
+    v2 = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :, :-1], vb], dim=3)
+    mask = _band_mask(W, q.device).expand(nb, W, 2 * W).clone()
+    mask[0, :, :W] = False  # block 0 has no previous block
+    out = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask)
+    out = out.reshape(B, H, nb * W, hd)
+    return out[:, :, :T] if pad else out
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention with RoPE; ``window=None`` means full causal attention."""
+
+    def __init__(self, dim: int, n_heads: int, window: int | None):
+        super().__init__()
+        self.n_heads = n_heads
+        self.head_dim = dim // n_heads
+        self.window = window
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+
+    def project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        B, T, D = x.shape
+        q, k, v = self.project(x, cos, sin)
+        if self.window is None or self.window >= T:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            a = local_attention(q, k, v, self.window)
+        return self.out(a.transpose(1, 2).reshape(B, T, D))
+
+
+class GatedMLP(nn.Module):
+    """GeGLU feed-forward (gelu-tanh gate), as in Gemma 2."""
+
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.gate_up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.gelu(gate, approximate="tanh") * up)
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block."""
+
+    def __init__(self, dim: int, n_heads: int, mlp_hidden: int, window: int | None, eps: float):
+        super().__init__()
+        self.attn_norm = RMSNorm(dim, eps)
+        self.attn = Attention(dim, n_heads, window)
+        self.mlp_norm = RMSNorm(dim, eps)
+        self.mlp = GatedMLP(dim, mlp_hidden)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.mlp(self.mlp_norm(x))

@@ -1,0 +1,99 @@
+"""The one-stage autoregressive U-Net over bytes (spec section 1).
+
+    ids -> embed -> encoder (sliding-window byte layers) -> h
+    h -> boundary method -> b;  h, b -> downsample -> z (chunks, RoPE at their byte positions)
+    z -> main network (full causal attention over chunks) -> zhat
+    h, zhat, b -> upsample -> u -> decoder (byte layers) -> head -> next-byte logits
+    h -> early-exit head -> next-byte logits (reward baseline and auxiliary loss)
+
+Causality: chunk c is taken at its last byte p_c and its output is first used at p_c itself,
+whose output predicts byte p_c + 1, so no shift is needed (spec 1.5).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ..boundaries.base import BoundaryModule, BoundaryOutput
+from ..config import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig
+from .chunking import Chunks, chunk_indices
+from .layers import Block, RMSNorm, rope_angles
+
+
+@dataclass
+class UNetOutput:
+    logits: Tensor  # (B, S, 257): next-byte (or end-of-document) logits
+    early_logits: Tensor  # (B, S, 257): early-exit head on the encoder output
+    boundary: BoundaryOutput
+    chunks: Chunks
+
+
+class ByteUNet(nn.Module):
+    family = "unet"
+
+    def __init__(self, cfg: ModelConfig, boundary: BoundaryModule):
+        super().__init__()
+        self.cfg = cfg
+        d, h, eps = cfg.d_model, cfg.n_heads, cfg.norm_eps
+        byte_hidden = max(1, int(round(d * cfg.byte_mlp_ratio)))
+        main_hidden = max(1, int(round(d * cfg.main_mlp_ratio)))
+        self.embed = nn.Embedding(N_INPUT_IDS, d)
+        self.encoder = nn.ModuleList(Block(d, h, byte_hidden, cfg.window, eps) for _ in range(cfg.enc_layers))
+        self.boundary = boundary
+        self.main = nn.ModuleList(Block(d, h, main_hidden, None, eps) for _ in range(cfg.main_layers))
+        self.decoder = nn.ModuleList(Block(d, h, byte_hidden, cfg.window, eps) for _ in range(cfg.dec_layers))
+        self.norm = RMSNorm(d, eps) if cfg.head_norm else nn.Identity()
+        self.head = nn.Linear(d, N_OUTPUT_IDS)
+        self.early_norm = RMSNorm(d, eps) if cfg.head_norm else nn.Identity()
+        self.early_head = nn.Linear(d, N_OUTPUT_IDS)
+        self.early_head.load_state_dict(self.head.state_dict())  # the paper deep-copies the head
+
+    @property
+    def head_dim(self) -> int:
+        return self.cfg.d_model // self.cfg.n_heads
+
+    def encode(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Encoder output h (B, S, d) and the byte-level RoPE tables."""
+        S = ids.shape[1]
+        cos, sin = rope_angles(torch.arange(S, device=ids.device), self.head_dim, self.cfg.rope_theta)
+        x = self.embed(ids)
+        for blk in self.encoder:
+            x = blk(x, cos, sin)
+        return x, cos, sin
+
+    def run_main(self, z: Tensor, positions: Tensor) -> Tensor:
+        cos, sin = rope_angles(positions, self.head_dim, self.cfg.rope_theta)
+        for blk in self.main:
+            z = blk(z, cos, sin)
+        return z
+
+    def forward(self, ids: Tensor, *, noise: Tensor | None = None, boundaries: Tensor | None = None,
+                mode: str = "sample", valid: Tensor | None = None) -> UNetOutput:
+        """``boundaries`` (B, S) fixes the boundaries (teacher forcing); else the method decides,
+        drawing its randomness from ``noise`` (B, S) uniforms when given. ``mode`` is ``sample``
+        or ``greedy`` (threshold probabilities at 0.5)."""
+        if valid is None:
+            valid = ids != PAD
+        h, cos, sin = self.encode(ids)
+        bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
+        chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
+        z = self.boundary.downsample(h, bo, chunks)
+        zhat = self.run_main(z, chunks.positions)
+        u = self.boundary.upsample(h, zhat, bo, chunks)
+        for blk in self.decoder:
+            u = blk(u, cos, sin)
+        logits = self.head(self.norm(u))
+        early = self.early_head(self.early_norm(h))
+        return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks)
+
+    def param_groups_for_flops(self) -> tuple[int, int]:
+        """(parameters applied per byte, parameters applied per chunk), matmul weights only."""
+        def count(mods) -> int:
+            return sum(p.numel() for m in mods for n, p in m.named_parameters() if p.dim() >= 2)
+
+        per_byte = count(list(self.encoder) + list(self.decoder) + [self.head, self.early_head, self.boundary])
+        per_chunk = count(list(self.main))
+        return per_byte, per_chunk

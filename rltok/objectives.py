@@ -1,0 +1,153 @@
+"""Losses and scoring for each model family, kept beside (not inside) the models.
+
+* ``training_loss(model, batch, cfg)``: the scalar to minimise plus detached statistics.
+  For the U-Net: lm_weight * CE + early_weight * CE_early + the boundary method's aux loss.
+* ``score(model, batch)``: per-position negative log-likelihoods (nats) and the boundaries used,
+  for evaluation of any family.
+
+A family (``model.family``) registers its two functions with :func:`register_family`; the U-Net
+family is below; flat baselines register theirs in their own modules.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .boundaries.base import LossContext
+from .config import PAD, RunConfig
+from .data.loader import Batch
+
+LN2 = math.log(2.0)
+WHITESPACE = (9, 10, 11, 12, 13, 32)
+
+
+@dataclass
+class StepLoss:
+    loss: Tensor
+    stats: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class ScoreOutput:
+    nll: Tensor  # (B, S) float32 nats; 0 where there is no target
+    boundaries: Tensor | None = None  # (B, S) bool, None for models without chunks
+    probs: Tensor | None = None  # (B, S) boundary probabilities, when the method has them
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+def per_position_ce(logits: Tensor, targets: Tensor) -> Tensor:
+    """(B, S) cross-entropy in nats (float32); 0 where target == -1."""
+    B, S, V = logits.shape
+    ce = F.cross_entropy(logits.float().reshape(B * S, V), targets.reshape(B * S).clamp(min=0),
+                         reduction="none").view(B, S)
+    return ce * (targets >= 0)
+
+
+def whitespace_mask(ids: Tensor) -> Tensor:
+    ws = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+    for c in WHITESPACE:
+        ws |= ids == c
+    return ws
+
+
+def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | None = None) -> dict[str, Tensor]:
+    """Sums from which rate and whitespace recall/precision are computed (additive over batches).
+
+    rate = boundaries / valid bytes (forced ends included, as the paper reports it);
+    whitespace recall = whitespace bytes that end a chunk / whitespace bytes;
+    whitespace precision = chunk ends (decided, i.e. not forced) on whitespace / decided chunk ends.
+    """
+    b = b.bool() & valid
+    ws = whitespace_mask(ids) & valid
+    dec = valid if decided is None else decided
+    return {
+        "n_valid": valid.sum(), "n_boundary": b.sum(),
+        "n_ws": ws.sum(), "n_ws_boundary": (b & ws).sum(),
+        "n_decided_boundary": (b & dec).sum(), "n_decided_ws_boundary": (b & ws & dec).sum(),
+    }
+
+
+def ratios(c: dict[str, Tensor | float]) -> dict[str, float]:
+    f = {k: float(v) for k, v in c.items()}
+    return {
+        "rate": f["n_boundary"] / max(f["n_valid"], 1),
+        "whitespace_recall": f["n_ws_boundary"] / f["n_ws"] if f["n_ws"] else float("nan"),
+        "whitespace_precision": (f["n_decided_ws_boundary"] / f["n_decided_boundary"]
+                                 if f["n_decided_boundary"] else float("nan")),
+    }
+
+
+# -- U-Net family --------------------------------------------------------------------------------
+
+def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
+                       reduce_mean: Callable[[Tensor], Tensor] = _identity,
+                       all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+                       forward: Callable | None = None) -> StepLoss:
+    """``forward`` is the callable to run (a DDP wrapper); ``model`` the bare module."""
+    fwd = forward or model
+    out = fwd(batch.ids, noise=batch.noise)
+    tmask = batch.targets >= 0
+    valid = batch.ids != PAD
+    n = tmask.sum().clamp(min=1)
+    ce = per_position_ce(out.logits, batch.targets)
+    ce_e = per_position_ce(out.early_logits, batch.targets)
+    lm, early = ce.sum() / n, ce_e.sum() / n
+    ctx = LossContext(out=out.boundary, ce=ce, ce_early=ce_e, target_mask=tmask, valid=valid,
+                      reduce_mean=reduce_mean, all_reduce_sum=all_reduce_sum)
+    aux, stats = model.boundary.aux_loss(ctx)
+    bc = cfg.boundary
+    # the early term is always in the graph (weight 0 included) so that every parameter gets a
+    # gradient, which DDP requires
+    loss = bc.lm_weight * lm + bc.early_weight * early + aux
+    counts = boundary_counts(batch.ids, out.boundary.b, valid, out.boundary.decided)
+    stats = {k: v.detach().float() for k, v in stats.items()}
+    stats.update({
+        "lm_loss": lm.detach(), "bpb": lm.detach() / LN2, "bpb_early": early.detach() / LN2,
+        "chunks": out.chunks.counts.float().mean(),
+        **{k: v.float() for k, v in counts.items()},
+    })
+    return StepLoss(loss=loss, stats=stats)
+
+
+@torch.no_grad()
+def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample",
+               boundaries: Tensor | None = None) -> ScoreOutput:
+    out = model(batch.ids, noise=noise, mode=mode, boundaries=boundaries)
+    nll = per_position_ce(out.logits, batch.targets)
+    return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs)
+
+
+# -- registry ------------------------------------------------------------------------------------
+
+_FAMILIES: dict[str, tuple[Callable[..., StepLoss], Callable[..., ScoreOutput]]] = {
+    "unet": (unet_training_loss, unet_score),
+}
+
+
+def register_family(name: str, loss_fn: Callable[..., StepLoss], score_fn: Callable[..., ScoreOutput]) -> None:
+    _FAMILIES[name] = (loss_fn, score_fn)
+
+
+def _family(model: nn.Module) -> str:
+    from .boundaries import _load_all
+
+    _load_all()  # families are registered by method modules
+    return getattr(model, "family", "unet")
+
+
+def training_loss(model: nn.Module, batch: Batch, cfg: RunConfig, **kw) -> StepLoss:
+    return _FAMILIES[_family(model)][0](model, batch, cfg, **kw)
+
+
+def score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample",
+          boundaries: Tensor | None = None) -> ScoreOutput:
+    return _FAMILIES[_family(model)][1](model, batch, noise=noise, mode=mode, boundaries=boundaries)

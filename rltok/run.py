@@ -1,0 +1,100 @@
+"""Run directories: what a run holds and how to open one.
+
+    RUN/config.json          the resolved RunConfig (JSON)
+    RUN/metrics.jsonl        one JSON object per logged step, evaluation and event
+    RUN/model.safetensors    final weights (written atomically at the end of training)
+    RUN/summary.json         written last: {"finished": true, final evaluation, throughput, ...}
+    RUN/checkpoints/step_*/  resumable checkpoints (see checkpoint.py)
+    RUN/<method files>       e.g. tokenizer.json for BPE-guided boundaries
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
+from .config import RunConfig
+from .errors import RltokError
+
+CONFIG = "config.json"
+MODEL = "model.safetensors"
+METRICS = "metrics.jsonl"
+SUMMARY = "summary.json"
+
+
+def is_run(path: Path) -> bool:
+    return (Path(path) / CONFIG).is_file()
+
+
+def read_config(run_dir: Path) -> RunConfig:
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RltokError(f"{run_dir}: no such run directory")
+    if not is_run(run_dir):
+        raise RltokError(f"{run_dir}: not an rltok run (no {CONFIG}); train one with `rltok train --out {run_dir}`")
+    try:
+        d = json.loads((run_dir / CONFIG).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
+    if not isinstance(d, dict):
+        raise RltokError(f"{run_dir / CONFIG}: not a run config")
+    return RunConfig.from_dict(d)
+
+
+def write_config(run_dir: Path, cfg: RunConfig) -> None:
+    write_json_atomic(Path(run_dir) / CONFIG, cfg.to_dict())
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    p = Path(run_dir) / SUMMARY
+    if not p.is_file():
+        return None
+    try:
+        return json.loads(p.read_text())
+    except (json.JSONDecodeError, OSError):
+        return None
+
+
+def is_finished(run_dir: Path) -> bool:
+    s = read_summary(run_dir)
+    return bool(s and s.get("finished")) and (Path(run_dir) / MODEL).is_file()
+
+
+def build_model(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
+    from .boundaries import get_method
+
+    return get_method(cfg.method).build(cfg, run_dir)
+
+
+def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
+    """The trained model of a run: final weights, or the newest valid checkpoint's if the run
+    has not finished. The returned module carries ``.run_config`` and ``.run_dir``."""
+    run_dir = Path(run_dir)
+    cfg = read_config(run_dir)
+    model = build_model(cfg, run_dir)
+    if checkpoint:
+        path = Path(checkpoint)
+        if not path.is_absolute() and not path.exists():
+            path = run_dir / "checkpoints" / checkpoint
+        from .checkpoint import load_checkpoint
+
+        tensors = load_checkpoint(path)[0]
+    elif (run_dir / MODEL).is_file():
+        tensors = load_tensors(run_dir / MODEL)
+    else:
+        ck = latest_valid_checkpoint(run_dir)
+        if ck is None:
+            raise RltokError(f"{run_dir}: the run has no weights yet (no {MODEL} and no valid checkpoint)")
+        tensors = load_tensors(ck / "model.safetensors")
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    if missing or unexpected:
+        raise RltokError(f"{run_dir}: weights do not match the config (missing {len(missing)}, "
+                         f"unexpected {len(unexpected)} tensors, e.g. {(missing or unexpected)[0]})")
+    model.run_config = cfg
+    model.run_dir = run_dir
+    return model.to(device).eval()

@@ -1,0 +1,379 @@
+"""The training loop: one path for one process and for ``torchrun`` (nanoGPT-style).
+
+Per optimizer step: for each accumulation micro-step, build the batch for this rank from the step
+number (see data/loader.py), run the method's loss under autocast, backpropagate; then clip, check
+that the loss and gradient are finite (a non-finite step is skipped, counted and logged), step
+AdamW with the byte-based warmup + cosine learning rate. Metrics go to RUN/metrics.jsonl;
+checkpoints are written atomically; SIGINT/SIGTERM stop at the next step boundary with a
+checkpoint (exit 130/143); a second SIGINT aborts at once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from . import checkpoint as ckpt
+from .config import RunConfig
+from .data import load_splits
+from .data.corpus import Splits
+from .data.loader import SequenceDataset
+from .distributed import DistInfo, init_distributed
+from .errors import NonFiniteError, RltokError
+from .evaluate import autocast_for, evaluate_corpus
+from .objectives import ratios, training_loss
+from .run import METRICS, MODEL, SUMMARY, build_model, read_config, write_config
+
+EXIT_SIGINT = 130
+EXIT_SIGTERM = 143
+
+
+def lr_at(bytes_seen: float, cfg: RunConfig, total_bytes: float) -> float:
+    """Linear warmup from warmup_start_ratio * lr to lr, then cosine to min_lr_ratio * lr."""
+    t = cfg.train
+    warm = min(t.warmup_bytes, total_bytes)
+    if bytes_seen < warm:
+        return t.lr * (t.warmup_start_ratio + (1 - t.warmup_start_ratio) * bytes_seen / warm)
+    progress = min(1.0, (bytes_seen - warm) / max(1.0, total_bytes - warm))
+    return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+class StopRequest:
+    """First SIGINT/SIGTERM: stop at the next step boundary. Second SIGINT: abort now."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        if threading_is_main():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\nrltok: {signal.Signals(signum).name} received: stopping after this step "
+              f"(press Ctrl-C again to abort without a checkpoint)", file=sys.stderr, flush=True)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
+
+
+def threading_is_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    bytes_seen: int
+    exit_code: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+class MetricsLog:
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled = path, enabled
+
+    def truncate_after(self, step: int) -> None:
+        """On resume: drop lines logged after the checkpoint we resume from."""
+        if not (self.enabled and self.path.exists()):
+            return
+        keep = []
+        for line in self.path.read_text().splitlines():
+            try:
+                if json.loads(line).get("step", 0) <= step:
+                    keep.append(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a crash
+        ckpt.write_bytes_atomic(self.path, ("\n".join(keep) + "\n").encode() if keep else b"")
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(record, allow_nan=True) + "\n")
+
+
+def _round(x: float) -> float:
+    return float(f"{x:.6g}") if math.isfinite(x) else x
+
+
+def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
+    """Create RUN or open it for resuming. Returns the config to use."""
+    if resume:
+        if not (out / "config.json").is_file():
+            raise RltokError(f"--resume: {out} is not a run (no config.json)")
+        saved = read_config(out)
+        # the training length may be extended on resume; everything else comes from the run
+        saved.train.total_bytes = cfg.train.total_bytes
+        saved.train.max_steps = cfg.train.max_steps
+        return saved.validate()
+    if (out / "config.json").exists():
+        raise RltokError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    return cfg
+
+
+def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
+          splits: Splits | None = None, stop_at_step: int | None = None) -> TrainResult:
+    """Train (or resume) the run in ``out``. ``stop_at_step`` behaves like a SIGINT arriving
+    during that step (for tests of interruption and resume)."""
+    out = Path(out)
+    info = init_distributed(cfg.train.device)
+    cfg = prepare_run_dir(cfg, out, resume)
+    if info.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+    t = cfg.train
+    if t.batch_size % info.world:
+        raise RltokError(f"train.batch_size={t.batch_size} must be divisible by the number of processes ({info.world})")
+    per_rank = t.batch_size // info.world
+    micro = t.micro_batch or per_rank
+    if per_rank % micro:
+        raise RltokError(f"train.micro_batch={micro} must divide the per-process batch ({per_rank})")
+    accum = per_rank // micro
+
+    torch.manual_seed(t.seed)
+    splits = splits or load_splits(cfg)
+    if len(splits.train) == 0:
+        raise RltokError(f"data source {cfg.data.source!r}: no training documents after the split")
+    if info.is_main and not resume:
+        from .boundaries import get_method
+
+        spec = get_method(cfg.method)
+        if spec.setup is not None:
+            spec.setup(cfg, splits.train, out)
+        write_config(out, cfg)
+    info.barrier()
+
+    model = build_model(cfg, out).to(info.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                            weight_decay=t.weight_decay)
+    log = MetricsLog(out / METRICS, info.is_main)
+    warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
+
+    step, bytes_seen, bad_total = 0, 0, 0
+    if resume:
+        path = ckpt.latest_valid_checkpoint(out, warn=warn)
+        if path is None:
+            warn(f"rltok: {out} has no valid checkpoint; starting from step 0")
+            log.truncate_after(0)
+        else:
+            m, o, state = ckpt.load_checkpoint(path)
+            model.load_state_dict(m)
+            ckpt.load_optimizer_state(opt, o, state["optimizer"])
+            step, bytes_seen = int(state["step"]), int(state["bytes_seen"])
+            bad_total = int(state.get("bad_steps", 0))
+            if "torch_rng" in state:
+                torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+            log.truncate_after(step)
+            warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes)")
+
+    fwd: nn.Module = model
+    if info.enabled:
+        from .parallel import wrap_data_parallel
+
+        fwd = wrap_data_parallel(model, cfg, info)
+    if t.compile:
+        fwd = torch.compile(fwd, dynamic=True)
+
+    dataset = SequenceDataset(splits.train, cfg.model.seq_len, t.seed, cfg.data.packing)
+    total_steps = cfg.total_steps
+    total_bytes = total_steps * cfg.bytes_per_step
+    ckpt_every = t.ckpt_every or max(1, math.ceil(total_steps / 10))
+    eval_every = t.eval_every_bytes
+    next_eval = (bytes_seen // eval_every + 1) * eval_every if eval_every else None
+
+    def save(at_step: int) -> Path | None:
+        path = None
+        if info.is_main:
+            state = {"step": at_step, "bytes_seen": bytes_seen, "bad_steps": bad_total,
+                     "torch_rng": torch.get_rng_state().tolist(), "config": cfg.to_dict()}
+            path = ckpt.save_checkpoint(out, at_step, _model_state(model, cfg), ckpt.optimizer_state(opt),
+                                        state, t.keep_checkpoints)
+        info.barrier()
+        return path
+
+    def evaluate(tag: str) -> dict[str, Any]:
+        res = {}
+        if info.is_main and t.eval_docs > 0 and len(splits.val):
+            r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs, dtype=t.dtype,
+                                seed=0, batch_size=max(1, micro))
+            res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
+                   "val_whitespace_recall": r.whitespace_recall,
+                   "val_whitespace_precision": r.whitespace_precision, "val_docs": r.docs}
+            log.write({"event": tag, "step": step, "bytes": bytes_seen,
+                       **{k: _round(v) if isinstance(v, float) else v for k, v in res.items()}})
+        info.barrier()
+        return res
+
+    bar = None
+    if progress and info.is_main:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total_bytes, initial=bytes_seen, unit="B", unit_scale=True,
+                   desc=f"train {cfg.method}", dynamic_ncols=True, smoothing=0.1)
+
+    acc: dict[str, torch.Tensor] = {}
+    acc_n = 0
+    consecutive_bad = 0
+    t_log, bytes_log = time.perf_counter(), bytes_seen
+    t_start = time.perf_counter()
+    exit_code = 0
+    amp = autocast_for(info.device, t.dtype)
+    model.train()
+    with StopRequest() as stop:
+        while step < total_steps:
+            lr = lr_at(bytes_seen, cfg, total_bytes)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            indices = dataset.step_indices(step, t.batch_size, info.rank, info.world)
+            loss_sum = torch.zeros((), device=info.device)
+            for j in range(accum):
+                batch = dataset.batch(indices[j * micro:(j + 1) * micro]).to(info.device)
+                sync = nullcontext() if (j == accum - 1 or not info.enabled) else fwd.no_sync()
+                with sync:
+                    with amp:
+                        sl = training_loss(model, batch, cfg, reduce_mean=info.reduce_mean,
+                                           all_reduce_sum=info.all_reduce_sum, forward=fwd)
+                    (sl.loss / accum).backward()
+                loss_sum += sl.loss.detach() / accum
+                for k, v in sl.stats.items():
+                    acc[k] = acc.get(k, 0) + v
+                acc_n += 1
+            grad_norm = _grad_norm(model, t.grad_clip)
+            finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+            ok = not info.any(not bool(finite.item()))
+            if ok:
+                opt.step()
+                consecutive_bad = 0
+            else:
+                consecutive_bad += 1
+                bad_total += 1
+                log.write({"event": "nonfinite", "step": step, "bytes": bytes_seen,
+                           "data_index": [int(indices[0]), int(indices[-1])],
+                           "loss": float(loss_sum), "grad_norm": float(grad_norm),
+                           "consecutive": consecutive_bad, "total": bad_total})
+                warn(f"rltok: non-finite loss or gradient at step {step} (sequences "
+                     f"{int(indices[0])}..{int(indices[-1])}): step skipped "
+                     f"({consecutive_bad} in a row, {bad_total} in all)")
+            opt.zero_grad(set_to_none=True)
+            acc["loss"] = acc.get("loss", 0) + loss_sum * accum
+            acc["grad_norm"] = acc.get("grad_norm", 0) + grad_norm * accum
+            step += 1
+            bytes_seen += cfg.bytes_per_step
+            if bar is not None:
+                bar.update(cfg.bytes_per_step)
+
+            if step % t.log_every == 0 or step == total_steps:
+                rec = _reduce_stats(acc, acc_n, info)
+                now = time.perf_counter()
+                rec.update(step=step, bytes=bytes_seen, lr=_round(lr),
+                           bytes_per_s=_round((bytes_seen - bytes_log) / max(now - t_log, 1e-9)),
+                           elapsed_s=_round(now - t_start))
+                log.write(rec)
+                if bar is not None:
+                    bar.set_postfix(bpb=f"{rec.get('bpb', float('nan')):.3f}",
+                                    rate=f"{rec.get('rate', float('nan')):.3f}",
+                                    ws=f"{rec.get('whitespace_recall', float('nan')):.2f}")
+                acc, acc_n = {}, 0
+                t_log, bytes_log = now, bytes_seen
+            if consecutive_bad >= t.max_bad_steps:
+                path = save(step)
+                raise NonFiniteError(
+                    f"training stopped: {consecutive_bad} consecutive non-finite steps at step {step} "
+                    f"(train.max_bad_steps={t.max_bad_steps}); the last good weights are in "
+                    f"{path or out / 'checkpoints'}")
+            if next_eval is not None and bytes_seen >= next_eval and step < total_steps:
+                evaluate("eval")
+                next_eval += eval_every
+            if step % ckpt_every == 0 and step < total_steps:
+                save(step)
+            if stop_at_step is not None and step >= stop_at_step and stop.signum is None:
+                stop.signum = signal.SIGINT
+            if info.any(stop.signum is not None):
+                path = save(step)
+                exit_code = stop.exit_code
+                warn(f"rltok: stopped at step {step}; checkpoint {path.name if path else ''} written; "
+                     f"continue with --resume")
+                break
+    if bar is not None:
+        bar.close()
+
+    summary: dict[str, Any] = {}
+    if exit_code == 0:
+        save(step)
+        final = evaluate("final_eval")
+        if info.is_main:
+            ckpt.save_tensors_atomic(out / MODEL, _model_state(model, cfg),
+                                     metadata={"format": "rltok-model-v1", "method": cfg.method})
+            per_byte, per_chunk = _flop_params(model)
+            summary = {
+                "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
+                "params": sum(p.numel() for p in model.parameters()),
+                "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
+                "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
+                "world_size": info.world, **final,
+            }
+            ckpt.write_json_atomic(out / SUMMARY, summary)
+        info.barrier()
+    return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
+
+
+def _model_state(model: nn.Module, cfg: RunConfig) -> dict[str, torch.Tensor]:
+    from .parallel import full_state_dict
+
+    return full_state_dict(model)
+
+
+def _flop_params(model: nn.Module) -> tuple[int, int]:
+    fn = getattr(model, "param_groups_for_flops", None)
+    if fn is None:
+        n = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+        return n, 0
+    return fn()
+
+
+def _grad_norm(model: nn.Module, clip: float) -> torch.Tensor:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return torch.zeros(())
+    if clip > 0:
+        return torch.nn.utils.clip_grad_norm_(params, clip).float()
+    return torch.nn.utils.get_total_norm([p.grad for p in params]).float()
+
+
+def _reduce_stats(acc: dict[str, torch.Tensor], n: int, info: DistInfo) -> dict[str, Any]:
+    """Average per-micro-step statistics over the log interval and the ranks; turn boundary
+    counts into rate and whitespace recall/precision."""
+    if not acc:
+        return {}
+    keys = sorted(acc)
+    vec = torch.stack([torch.as_tensor(acc[k], dtype=torch.float32).to(info.device).reshape(()) for k in keys])
+    vec = info.all_reduce_sum(vec)
+    vals = dict(zip(keys, vec.tolist()))
+    counts = {k: vals.pop(k) for k in list(vals) if k.startswith("n_")}
+    out = {k: _round(v / (n * info.world)) for k, v in vals.items()}
+    if counts:
+        out.update({k: _round(v) for k, v in ratios(counts).items()})
+    return out

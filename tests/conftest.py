@@ -1,0 +1,49 @@
+"""Shared fixtures. Tests that read ../shared/data skip cleanly when it is absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("RLTOK_SHARED", REPO.parent / "shared"))
+SHARED_DATA = SHARED / "data"
+C4 = SHARED_DATA / "webtext" / "c4" / "c4_sample.jsonl"
+
+
+def shared_file(*parts: str) -> Path:
+    p = SHARED_DATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"shared data not available: {p}")
+    return p
+
+
+@pytest.fixture
+def c4_path() -> Path:
+    return shared_file("webtext", "c4", "c4_sample.jsonl")
+
+
+@pytest.fixture
+def small_corpus_file(tmp_path) -> Path:
+    """A real-text corpus independent of ../shared: paragraphs of this repository's README and
+    the Python standard library's docstrings are real English."""
+    import json
+    import textwrap
+    import unittest
+
+    texts = []
+    for mod in (json, textwrap, unittest, os, torch.nn.functional):
+        doc = (mod.__doc__ or "").strip()
+        for para in doc.split("\n\n"):
+            if len(para) > 40:
+                texts.append(para)
+    path = tmp_path / "docs.jsonl"
+    with open(path, "w") as f:
+        for t in texts * 3:
+            f.write(json.dumps({"text": t}) + "\n")
+    return path

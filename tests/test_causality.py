@@ -1,0 +1,89 @@
+"""A byte's prediction never sees later bytes: for every U-Net method, for random, all-ones and
+forced-only boundary patterns, and for the method's own (sampled) boundaries."""
+
+import pytest
+import torch
+
+from rltok.boundaries import get_method, method_names
+from rltok.config import build_config
+
+S = 48
+
+
+def _model(method, **over):
+    cfg = build_config(method, "smoke", overrides={"model.seq_len": S, "model.window": 8, **over})
+    torch.manual_seed(0)
+    m = get_method(method).build(cfg, None)
+    if getattr(m, "family", "unet") != "unet":
+        pytest.skip(f"{method} is not a U-Net method")
+    return m.eval()
+
+
+def _patterns():
+    g = torch.Generator().manual_seed(1)
+    rand = torch.rand(2, S, generator=g) < 0.3
+    rand[:, 0] = rand[:, -1] = True
+    ones = torch.ones(2, S, dtype=torch.bool)
+    forced = torch.zeros(2, S, dtype=torch.bool)
+    forced[:, 0] = forced[:, -1] = True
+    return {"random": rand, "all": ones, "forced_only": forced}
+
+
+def _unet_methods():
+    return [m for m in method_names() if m not in ("bytes", "bpe-lm")]
+
+
+@pytest.mark.parametrize("pattern", ["random", "all", "forced_only"])
+@pytest.mark.parametrize("method", ["rl", "uniform"])
+def test_fixed_boundaries_are_causal(method, pattern):
+    model = _model(method)
+    b = _patterns()[pattern]
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 256, (2, S), generator=g)
+    base = model(ids, boundaries=b).logits
+    for t in (0, 5, 17, 30, S - 2):
+        ids2 = ids.clone()
+        ids2[:, t + 1:] = torch.randint(0, 256, (2, S - t - 1), generator=g)
+        b2 = b.clone()
+        if pattern == "random":  # later boundaries may change too
+            b2[:, t + 1:-1] = torch.rand(2, S - t - 2, generator=g) < 0.5
+        out = model(ids2, boundaries=b2).logits
+        torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("method,over", [(m, {}) for m in _unet_methods()] + [("rl", {"boundary.window": 4})])
+def test_method_boundaries_are_causal(method, over):
+    """With the method drawing its own boundaries (fixed noise), outputs up to t are unchanged
+    when bytes after t change, and gradients from later inputs are zero."""
+    spec = get_method(method)
+    model = _model(method, **over)
+    mod = model.boundary
+    if not type(mod).causal:
+        pytest.skip(f"{method}: boundaries depend on later bytes by design")
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 256, (2, S), generator=g)
+    noise = torch.rand(2, S, generator=g)
+    base = model(ids, noise=noise)
+    for t in (3, 20, S - 2):
+        ids2 = ids.clone()
+        ids2[:, t + 1:] = torch.randint(0, 256, (2, S - t - 1), generator=g)
+        out = model(ids2, noise=noise)
+        torch.testing.assert_close(out.logits[:, : t + 1], base.logits[:, : t + 1], atol=1e-5, rtol=1e-5)
+        assert torch.equal(out.boundary.b[:, 1: t + 1], base.boundary.b[:, 1: t + 1])
+
+    # gradient of the prediction at t w.r.t. the embeddings of later bytes is exactly zero
+    store = {}
+
+    def hook(_m, _inp, output):
+        output.retain_grad()
+        store["emb"] = output
+
+    handle = model.embed.register_forward_hook(hook)
+    t = 20
+    model.train()
+    out = model(ids, noise=noise)
+    out.logits[:, t].float().sum().backward()
+    handle.remove()
+    grad = store["emb"].grad
+    assert grad[:, t + 1:].abs().max().item() == 0.0
+    assert grad[:, : t + 1].abs().max().item() > 0.0

@@ -1,0 +1,95 @@
+"""The command line: clear one-line errors, help for every command, the main path."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rltok.cli import build_parser, main
+
+
+def _run(capsys, argv):
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def _one_line_error(err):
+    lines = [x for x in err.strip().splitlines() if x.strip()]
+    assert lines and lines[-1].startswith("error: "), err
+    assert "Traceback" not in err
+    return lines[-1]
+
+
+def test_missing_data_path(capsys, tmp_path):
+    code, _, err = _run(capsys, ["train", "--preset", "smoke", "--data", str(tmp_path / "nope.jsonl"),
+                                 "--out", str(tmp_path / "r"), "--no-progress"])
+    assert code == 2 and "nope.jsonl" in _one_line_error(err)
+    assert not (tmp_path / "r" / "config.json").exists()
+
+
+def test_empty_corpus(capsys, tmp_path):
+    (tmp_path / "e.jsonl").write_text("\n\n")
+    code, _, err = _run(capsys, ["train", "--preset", "smoke", "--data", str(tmp_path / "e.jsonl"),
+                                 "--out", str(tmp_path / "r"), "--no-progress"])
+    assert code == 2 and "no documents" in _one_line_error(err)
+
+
+def test_malformed_jsonl_line(capsys, tmp_path):
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": broken\n')
+    code, _, err = _run(capsys, ["train", "--preset", "smoke", "--data", str(tmp_path / "bad.jsonl"),
+                                 "--out", str(tmp_path / "r"), "--no-progress"])
+    assert code == 2 and "bad.jsonl:2:" in _one_line_error(err)
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("boundary.target_rate=1.5", "target_rate"), ("target_rate=0", "target_rate"),
+    ("model.window=0", "window"), ("boundary.gamma=1.2", "gamma"), ("train.lr=-1", "lr"),
+    ("nonsense=3", "unknown config key"), ("model.d_model=abc", "d_model"),
+])
+def test_out_of_range_config(capsys, tmp_path, override, needle):
+    code, _, err = _run(capsys, ["train", "--preset", "smoke", "--set", override, "--out", str(tmp_path / "r")])
+    assert code == 2 and needle in _one_line_error(err)
+    assert not (tmp_path / "r").exists()  # rejected before any work
+
+
+def test_not_a_run(capsys, tmp_path):
+    code, _, err = _run(capsys, ["eval", str(tmp_path)])
+    assert code == 2 and "not an rltok run" in _one_line_error(err)
+    code, _, err = _run(capsys, ["eval", str(tmp_path / "missing")])
+    assert code == 2 and "no such run" in _one_line_error(err)
+
+
+def test_every_subcommand_has_help():
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert {"train", "eval"} <= set(sub.choices)
+    for name, p in sub.choices.items():
+        text = p.format_help()
+        for action in p._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings} has no help"
+        assert text
+
+
+def test_train_then_eval_json(capsys, small_corpus_file, tmp_path):
+    code, out, err = _run(capsys, ["train", "--preset", "smoke", "--data", str(small_corpus_file),
+                                   "--out", str(tmp_path / "r"), "--no-progress", "--set", "train.eval_docs=2"])
+    assert code == 0, err
+    code, out, err = _run(capsys, ["eval", str(tmp_path / "r"), "--docs", "3", "--json", "--per-doc"])
+    assert code == 0, err
+    d = json.loads(out.strip().splitlines()[-1])
+    for k in ("bpb", "bpb_se", "rate", "whitespace_recall", "whitespace_precision", "docs", "bytes", "per_doc_bpb"):
+        assert k in d
+    assert d["docs"] == 3 and len(d["per_doc_bpb"]) == 3 and 0 < d["rate"] < 1
+    assert abs(sum(d["per_doc_bpb"]) / 3 - d["bpb"]) < 1e-9
+
+
+def test_subprocess_error_has_no_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "rltok", "train", "--preset", "smoke", "--data",
+                        str(tmp_path / "none.txt"), "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr and r.stderr.strip().startswith("error:")
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,26 @@
+"""Attention: the blocked sliding-window path equals full attention with a band mask."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rltok.model.layers import local_attention, rope_angles
+
+
+@pytest.mark.parametrize("T,W", [(37, 8), (64, 16), (5, 4), (100, 1)])
+def test_local_attention_matches_masked_full(T, W):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
+    i = torch.arange(T)[:, None]
+    j = torch.arange(T)[None, :]
+    mask = (j <= i) & (j > i - W)
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out = local_attention(q, k, v, W)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_rope_positions_are_exact_integers():
+    # the reference code built positions in bf16, which cannot represent 4095; we must not
+    cos, _ = rope_angles(torch.tensor([4095, 4094]), 8, 10000.0)
+    assert not torch.equal(cos[..., 0, :], cos[..., 1, :])
+    assert torch.bfloat16 != cos.dtype

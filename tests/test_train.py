@@ -1,0 +1,111 @@
+"""Training end to end on the smoke preset: outputs, resume, the rate controller."""
+
+import json
+
+import pytest
+import torch
+
+from rltok.boundaries import get_method
+from rltok.config import build_config
+from rltok.data.corpus import Corpus
+from rltok.data.loader import SequenceDataset
+from rltok.objectives import training_loss
+from rltok.run import load_model
+from rltok.checkpoint import load_tensors as load_weights
+from rltok.train import train
+
+
+def _cfg(path, method="rl", **over):
+    return build_config(method, "smoke", overrides={"data.source": str(path), "train.eval_docs": 4, **over})
+
+
+def test_run_directory_contents(small_corpus_file, tmp_path):
+    res = train(_cfg(small_corpus_file), tmp_path / "run", progress=False)
+    run = tmp_path / "run"
+    for f in ("config.json", "model.safetensors", "metrics.jsonl", "summary.json"):
+        assert (run / f).is_file()
+    assert res.summary["finished"] and res.summary["steps"] == 12
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    step_lines = [r for r in lines if "event" not in r]
+    assert [r["step"] for r in step_lines] == [2, 4, 6, 8, 10, 12]
+    for key in ("loss", "bpb", "bpb_early", "rate", "whitespace_recall", "adv_mean", "adv_std",
+                "logp_mean", "entropy", "grad_norm", "bytes_per_s", "lr"):
+        assert key in step_lines[-1], key
+    assert any(r.get("event") == "final_eval" for r in lines)
+    model = load_model(run)
+    assert model.run_config.method == "rl"
+
+
+@pytest.mark.parametrize("method", ["rl", "uniform"])
+def test_resume_reaches_identical_weights(small_corpus_file, tmp_path, method):
+    cfg = _cfg(small_corpus_file, method, **{"train.ckpt_every": 4})
+    straight = train(cfg, tmp_path / "a", progress=False)
+    stopped = train(_cfg(small_corpus_file, method, **{"train.ckpt_every": 4}), tmp_path / "b",
+                    progress=False, stop_at_step=5)
+    assert stopped.exit_code == 130 and stopped.steps == 5
+    resumed = train(_cfg(small_corpus_file, method), tmp_path / "b", resume=True, progress=False)
+    assert resumed.steps == straight.steps == 12
+    wa = load_weights(tmp_path / "a" / "model.safetensors")
+    wb = load_weights(tmp_path / "b" / "model.safetensors")
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert torch.equal(wa[k], wb[k]), k
+    steps = [json.loads(x).get("step") for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+             if "event" not in json.loads(x)]
+    assert steps == sorted(set(steps))  # no duplicated lines after resuming
+
+
+def test_existing_run_needs_resume(small_corpus_file, tmp_path):
+    from rltok.errors import RltokError
+
+    train(_cfg(small_corpus_file), tmp_path / "r", progress=False)
+    with pytest.raises(RltokError, match="already holds a run"):
+        train(_cfg(small_corpus_file), tmp_path / "r", progress=False)
+
+
+def test_rate_penalty_drives_rate_to_target(small_corpus_file):
+    """Start the policy far above the target (rate ~0.95) and train briefly: the achieved rate
+    must come down to r* = 0.2."""
+    cfg = _cfg(small_corpus_file, **{"boundary.rate_weight": 1.0, "boundary.pg_weight": 0.0})
+    torch.manual_seed(0)
+    model = get_method("rl").build(cfg, None)
+    with torch.no_grad():
+        model.boundary.proj.bias.fill_(4.5)
+    from rltok.data.sources import load_corpus
+
+    ds = SequenceDataset(load_corpus(str(small_corpus_file)), cfg.model.seq_len, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-2)
+    rates = []
+    for step in range(60):
+        sl = training_loss(model, ds.batch(ds.step_indices(step, 8)), cfg)
+        opt.zero_grad()
+        sl.loss.backward()
+        opt.step()
+        rates.append(float(sl.stats["n_boundary"] / sl.stats["n_valid"]))
+    assert rates[0] > 0.8
+    assert abs(sum(rates[-10:]) / 10 - 0.2) < 0.03
+
+
+def test_bad_step_is_skipped_and_counted(small_corpus_file, tmp_path, monkeypatch):
+    """A NaN loss skips the optimizer step, is logged with the data position, and the run
+    continues."""
+    import rltok.train as tr
+
+    real = tr.training_loss
+    calls = {"n": 0}
+
+    def poisoned(model, batch, cfg, **kw):
+        out = real(model, batch, cfg, **kw)
+        calls["n"] += 1
+        if calls["n"] == 3:
+            out.loss = out.loss * float("nan")
+        return out
+
+    monkeypatch.setattr(tr, "training_loss", poisoned)
+    res = train(_cfg(small_corpus_file), tmp_path / "r", progress=False)
+    assert res.summary["bad_steps"] == 1
+    events = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    bad = [e for e in events if e.get("event") == "nonfinite"]
+    assert len(bad) == 1 and bad[0]["step"] == 2 and "data_index" in bad[0]
+    w = load_weights(tmp_path / "r" / "model.safetensors")
+    assert all(torch.isfinite(v).all() for v in w.values())
