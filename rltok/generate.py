@@ -28,7 +28,7 @@ boundary and every real position is decided by the method, exactly as mid-sequen
 
 Randomness: row r of a call with seed s draws its boundary uniforms (one per position, the
 ``noise`` the full forward pass would read) and its byte-sampling uniforms from
-``numpy.random.default_rng([s, 7, r])``, so a row's output does not depend on the other rows or
+``numpy.random.default_rng([s, 7, r, 0 or 1])``, so a row's output does not depend on the other rows or
 on the batch size, and the same seed reproduces the same text.
 
 Methods whose boundaries depend only on the past decode from caches (``BoundaryModule.step``).
@@ -421,8 +421,9 @@ def _check_args(max_new_bytes: int, temperature: float, top_p: float, top_k: int
 
 def row_streams(seed: int, row: int, positions: int, new_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """(boundary uniforms per position, byte-sampling uniforms per new byte) of prompt ``row``."""
-    rng = np.random.default_rng([seed, 7, row])
-    return rng.random(positions, dtype=np.float32), rng.random(max(new_bytes, 1))
+    # two independent streams, so that neither depends on how long the other is
+    noise = np.random.default_rng([seed, 7, row, 0]).random(positions, dtype=np.float32)
+    return noise, np.random.default_rng([seed, 7, row, 1]).random(max(new_bytes, 1))
 
 
 @torch.no_grad()
