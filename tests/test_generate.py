@@ -158,6 +158,31 @@ def test_teacher_forced_decoding_matches_full_forward(method, over, batch):
 
 
 @pytest.mark.parametrize("method,over", DECODABLE, ids=IDS)
+def test_step_forces_a_boundary_at_bos(method, over):
+    model = _model(method, **over)
+    h = torch.randn(3, model.cfg.d_model)
+    st = model.boundary.step(h, torch.tensor([BOS, 5, 6]), None, pos=torch.tensor([0, 0, 3]),
+                             noise=torch.ones(3), mode="sample")  # noise 1: no sampled boundary
+    assert st.b.tolist() == [True, True, False]
+    if st.log_prob is not None:
+        assert st.log_prob[:2].tolist() == [0.0, 0.0]
+
+
+def test_default_replay_state_equals_the_policy_shortcut():
+    """BoundaryModule.decode_state (replaying step) and the policy's direct read agree."""
+    model = _model("rl", **{"boundary.window": 4})
+    g = torch.Generator().manual_seed(4)
+    ids = torch.randint(0, 256, (3, 12), generator=g)
+    ids[:, 0] = BOS
+    out = model(ids, noise=torch.rand(3, 12, generator=g))
+    lengths = torch.tensor([12, 2, 7])
+    fast = model.boundary.decode_state(out.hidden, ids, out.boundary, lengths)
+    slow = BoundaryModule.decode_state(model.boundary, out.hidden, ids, out.boundary, lengths)
+    assert fast.tolist() == slow.tolist()
+    assert fast[1].tolist() == [0.0, 1.0, float(out.boundary.b[1, 1])]
+
+
+@pytest.mark.parametrize("method,over", DECODABLE, ids=IDS)
 @pytest.mark.parametrize("batch", [1, 4])
 def test_decoded_boundaries_fed_back_reproduce_decoded_logprobs(method, over, batch):
     """Sampled bytes and sampled boundaries from generate(): the full forward pass with those
