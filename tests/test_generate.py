@@ -249,6 +249,9 @@ def test_long_generation_runs_past_the_context():
     model = _model()
     res = generate(model, ["ab"], 100, seed=0)  # seq_len is 64
     assert len(res[0].sampled) == 100 or res[0].stop_reason == "eos"
+    long_prompt = bytes(range(100))  # prompts keep their last seq_len - 1 bytes
+    assert generate(model, [long_prompt], 2, seed=0)[0].prompt == long_prompt[-63:]
+    assert generate(model, [long_prompt], 2, seed=0, max_prompt_bytes=10)[0].prompt == long_prompt[-10:]
 
 
 # -- sampling, stopping, streaming -------------------------------------------------------------
