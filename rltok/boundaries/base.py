@@ -5,10 +5,16 @@ bytes, for rule-based methods), returns a :class:`BoundaryOutput`. It may overri
 pooled into chunks (``downsample``) and how chunk outputs return to bytes (``upsample``), and it
 supplies its auxiliary loss and statistics (``aux_loss``). The U-Net does not know which method it
 runs; a method does not know the training loop.
+
+Incremental decoding (``rltok.generate``) asks a method one byte at a time through
+:meth:`BoundaryModule.step`. A method whose boundaries depend only on the past implements it (a
+few lines for most methods); its decoding state (``BoundaryStep.state``) is any nesting of
+tensors with the batch on the first axis (or None), so the decoder can drop finished rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -45,6 +51,16 @@ class BoundaryOutput:
 
 
 @dataclass
+class BoundaryStep:
+    """One decoding step of a boundary method, shapes (n,) over the rows being decoded."""
+
+    b: Tensor  # bool: the byte just consumed ends a chunk
+    prob: Tensor | None = None  # probability of a boundary, when the method has one
+    log_prob: Tensor | None = None  # log pi(b) of the decision taken; 0 where forced
+    state: Any = None  # the method's decoding state after this byte
+
+
+@dataclass
 class LossContext:
     """What a method's auxiliary loss may look at. Losses are per position, float32, nats."""
 
@@ -64,6 +80,9 @@ class BoundaryModule(nn.Module):
     learned: ClassVar[bool] = False  # has parameters trained through the boundary decision
     stochastic: ClassVar[bool] = False  # boundaries are sampled (evaluation can average samples)
     causal: ClassVar[bool] = True  # b[t] depends only on bytes <= t (so it can decode)
+    # step() draws from the same distribution as forward() (False: a causal stand-in, e.g. the
+    # exact-count uniform decodes as Bernoulli(r*)); teacher-forced decoding is exact either way
+    decode_matches_forward: ClassVar[bool] = True
 
     def __init__(self, model_cfg: ModelConfig, cfg: BoundaryConfig):
         super().__init__()
@@ -82,6 +101,95 @@ class BoundaryModule(nn.Module):
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         return ctx.ce.new_zeros(()), {}
+
+    # -- incremental decoding (rltok.generate) ---------------------------------------------------
+    def step(self, h: Tensor, ids: Tensor, state: Any, *, pos: Tensor, noise: Tensor | None = None,
+             fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
+        """Decide whether the byte just consumed ends a chunk, from its encoder output ``h``
+        (n, d), its id ``ids`` (n,), its position ``pos`` (n,) and the method's ``state`` after
+        the previous byte (None before position 0). Position 0 (BOS) is a forced boundary. There
+        is no forced boundary at the end: while decoding there is no last position. ``noise``
+        (n,) are the uniforms that ``forward`` would read at these positions; ``fixed`` (n,)
+        imposes the decisions (teacher forcing) and still advances the state. Must agree with
+        ``forward`` position by position (the parity tests check it)."""
+        raise NotImplementedError(f"boundary method {self.name!r} cannot decode byte by byte")
+
+    def decode_state(self, h: Tensor, ids: Tensor, out: BoundaryOutput, lengths: Tensor) -> Any:
+        """The decoding state after the first ``lengths[r]`` positions of row r, given the full
+        forward pass over them (h (B, S, d), ids, its BoundaryOutput). The default replays
+        :meth:`step` with the forward pass's decisions; override it when the state can be read
+        off directly."""
+        state = None
+        b = out.b
+        for t in range(int(lengths.max().item())):
+            pos = torch.full_like(lengths, t)
+            st = self.step(h[:, t], ids[:, t], state, pos=pos, fixed=b[:, t])
+            state = where_rows(t < lengths, st.state, state)
+        return state
+
+    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
+        """The chunk vector z (n, d) of the rows whose chunk ends at this byte (only those rows
+        are used): ``h`` at the chunk's last byte, as :func:`select`. Methods that override
+        ``downsample`` (e.g. mean pooling) override this too, keeping sums in their state."""
+        return h
+
+    def upsample_step(self, h: Tensor, pending: Tensor, step: BoundaryStep) -> Tensor:
+        """u_t = h_t + zhat of the most recent chunk (``pending``, (n, d)), as ``upsample``."""
+        return h + pending
+
+    def decode_pending(self, zhat: Tensor, out: BoundaryOutput, chunks: Chunks, last: Tensor) -> Tensor:
+        """The pending chunk output after a prefill: zhat of the chunk that byte ``last[r]``
+        (B,) receives, i.e. zhat[c_up(last)]."""
+        c = chunks.up.gather(1, last[:, None])
+        return zhat.gather(1, c[..., None].expand(-1, -1, zhat.shape[-1]))[:, 0]
+
+    @classmethod
+    def can_decode(cls) -> bool:
+        """True when the method implements :meth:`step` and the step versions of any pooling it
+        overrides, so ``rltok.generate`` can decode it from caches."""
+        B = BoundaryModule
+        if not cls.causal or cls.step is B.step:
+            return False
+        if cls.downsample is not B.downsample and cls.downsample_step is B.downsample_step:
+            return False
+        if cls.upsample is not B.upsample and (cls.upsample_step is B.upsample_step
+                                               or cls.decode_pending is B.decode_pending):
+            return False
+        return True
+
+
+def select_rows(state: Any, rows: Tensor) -> Any:
+    """Index the batch (first) axis of every tensor in a nested state (None, tensors, lists,
+    tuples, dicts, dataclasses)."""
+    if state is None:
+        return None
+    if isinstance(state, Tensor):
+        return state[rows]
+    if isinstance(state, (list, tuple)):
+        return type(state)(select_rows(x, rows) for x in state)
+    if isinstance(state, dict):
+        return {k: select_rows(v, rows) for k, v in state.items()}
+    if dataclasses.is_dataclass(state):
+        return dataclasses.replace(state, **{f.name: select_rows(getattr(state, f.name), rows)
+                                             for f in dataclasses.fields(state)})
+    return state
+
+
+def where_rows(mask: Tensor, new: Any, old: Any) -> Any:
+    """``new`` on the rows where ``mask`` (B,) is True, ``old`` elsewhere, for nested states."""
+    if old is None or new is None:
+        return new
+    if isinstance(new, Tensor):
+        m = mask.view(-1, *([1] * (new.dim() - 1)))
+        return torch.where(m, new, old)
+    if isinstance(new, (list, tuple)):
+        return type(new)(where_rows(mask, a, b) for a, b in zip(new, old))
+    if isinstance(new, dict):
+        return {k: where_rows(mask, new[k], old[k]) for k in new}
+    if dataclasses.is_dataclass(new):
+        return dataclasses.replace(new, **{f.name: where_rows(mask, getattr(new, f.name), getattr(old, f.name))
+                                           for f in dataclasses.fields(new)})
+    return new
 
 
 @dataclass

@@ -3,6 +3,11 @@
 ``uniform`` (the paper's "Uniform", spec 4.1): exactly round(r* * n) boundaries per sequence of n
 bytes, at uniformly random positions (top-k of uniform noise), first and last forced, resampled on
 every forward pass, evaluation included. It is not a fixed stride.
+
+Decoding: an exact count per sequence is not causal (whether byte t ends a chunk depends on how
+many later bytes there are), so ``step`` draws each boundary as Bernoulli(r*) instead: the same
+rate, a different distribution from training (``decode_matches_forward = False``). Teacher-forced
+decoding with given boundaries is exact.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from torch import Tensor
 
 from ..config import BoundaryConfig
 from ..model.chunking import force_ends, forced_mask
-from .base import BoundaryModule, BoundaryOutput, MethodSpec, register, unet_builder
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register, unet_builder
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
@@ -35,6 +40,7 @@ def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
 class UniformBoundaries(BoundaryModule):
     name = "uniform"
     stochastic = True
+    decode_matches_forward = False  # decodes as Bernoulli(r*), see the module docstring
 
     def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
         B, S = ids.shape
@@ -48,6 +54,16 @@ class UniformBoundaries(BoundaryModule):
         probs = torch.where(decided, torch.full((B, S), self.cfg.target_rate, device=ids.device),
                             b.float())
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs)
+
+    def step(self, h, ids, state, *, pos, noise=None, fixed=None, mode="sample") -> BoundaryStep:
+        r = self.cfg.target_rate
+        if fixed is not None:
+            b = fixed.bool()
+        else:  # no greedy variant: uniform boundaries are random by definition
+            u = noise if noise is not None else torch.rand(ids.shape, device=ids.device)
+            b = u < r
+        b = b | (pos == 0)
+        return BoundaryStep(b=b, prob=torch.where(pos == 0, 1.0, r).to(torch.float32))
 
 
 register(MethodSpec(

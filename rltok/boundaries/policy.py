@@ -9,6 +9,9 @@ Policy logit at byte t, from the encoder output h_t and, for w > 1, its own last
 For w = 1 every position is an independent Bernoulli given h and is sampled in parallel. For
 w > 1 sampling is a scan over time under no_grad; the logits are then recomputed differentiably
 from the sampled decisions (teacher forcing), which gives log pi(b_t | h, b_<t).
+
+Decoding (``step``): the same logit for one byte at a time; the state is the last w-1 decisions
+(None for w = 1), b_{t-w+1} .. b_{t-1}, with b_{<0} = 0 and b_0 = 1 as in ``forward``.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from ..config import BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
 from ..model.chunking import force_ends, forced_mask
-from .base import (BoundaryModule, BoundaryOutput, LossContext, MethodSpec, bernoulli_entropy,
-                   bernoulli_log_prob, register, unet_builder)
+from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
+                   bernoulli_entropy, bernoulli_log_prob, register, unet_builder)
 
 
 @dataclass
@@ -140,6 +143,37 @@ class BoundaryPolicy(BoundaryModule):
         log_prob = bernoulli_log_prob(b, logits) * decided
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,
                               log_prob=log_prob, entropy=bernoulli_entropy(logits))
+
+    # -- incremental decoding ----------------------------------------------------------------
+    def step(self, h: Tensor, ids: Tensor, state: Tensor | None, *, pos: Tensor,
+             noise: Tensor | None = None, fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
+        x = h.detach() if self.cfg.detach_input else h
+        V = self.proj(x).float()  # (n, w)
+        n, w = V.shape
+        hist = state if state is not None else V.new_zeros(n, w - 1)  # b_{t-w+1} .. b_{t-1}
+        a = V[:, w - 1] + (V[:, : w - 1] * hist).sum(-1)
+        logit = self._cap(self.cfg.scale * a + self.bias0)
+        if fixed is not None:
+            b = fixed.bool()
+        elif mode == "greedy":
+            b = logit > 0
+        else:
+            u = noise if noise is not None else torch.rand(n, device=h.device)
+            b = u < torch.sigmoid(logit)
+        forced = pos == 0
+        b = b | forced
+        new_state = torch.cat([hist[:, 1:], b[:, None].float()], dim=1) if w > 1 else None
+        return BoundaryStep(b=b, prob=torch.sigmoid(logit),
+                            log_prob=bernoulli_log_prob(b, logit) * ~forced, state=new_state)
+
+    def decode_state(self, h: Tensor, ids: Tensor, out: BoundaryOutput, lengths: Tensor) -> Tensor | None:
+        w = self.cfg.window
+        if w == 1:
+            return None
+        # decisions at positions L-w+1 .. L-1 of each row (zeros before position 0)
+        b = torch.nn.functional.pad(out.b.float(), (w - 1, 0))
+        idx = lengths[:, None] + torch.arange(w - 1, device=b.device)[None, :]  # padded index
+        return b.gather(1, idx)
 
     # -- estimator ---------------------------------------------------------------------------
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:

@@ -7,6 +7,9 @@ below 2**24), unlike the reference code, which built positions in bf16 (spec sec
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -73,6 +76,96 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
     return out[:, :, :T] if pad else out
 
 
+@dataclass
+class KVCache:
+    """Keys and values of one attention layer, for incremental decoding (one row per sequence).
+
+    Two kinds, one attention rule (a query sees every slot whose ``pos`` is >= 0):
+
+    * ring (``window`` = W, the byte layers): W slots, position t lives in slot t mod W, so the
+      slots always hold the W most recent positions, exactly the keys the sliding window sees.
+      Memory is bounded by the window, not by the number of bytes.
+    * growing (``window`` None, the main network over chunks): entry n of a row lives in slot n;
+      rows are ragged (``length`` per row) and the capacity doubles when a row runs out. Memory is
+      bounded by the chunk count.
+    """
+
+    k: Tensor  # (B, H, C, hd)
+    v: Tensor  # (B, H, C, hd)
+    pos: Tensor  # (B, C) long: the position held by each slot; -1 = empty
+    length: Tensor  # (B,) long: entries written per row
+    window: int | None
+
+    @classmethod
+    def from_prefill(cls, k: Tensor, v: Tensor, positions: Tensor, length: Tensor,
+                     window: int | None, reserve: int = 0) -> "KVCache":
+        """A cache holding the first ``length[b]`` entries of each row of k, v (B, H, T, hd)
+        computed by a full forward pass; ``positions`` (B, T) are their positions (increasing
+        along each row). Growing caches get room for ``reserve`` more entries."""
+        B, H, T, hd = k.shape
+        dev = k.device
+        if window is not None:
+            # slot j holds the newest entry n < length with n = j (mod W); for byte layers the
+            # entry index is the position, so this is position mod W
+            j = torch.arange(window, device=dev)[None, :]
+            n = j + window * torch.div(length[:, None] - 1 - j, window, rounding_mode="floor")
+            ok = n >= 0
+            idx = n.clamp(0, max(T - 1, 0))
+        else:
+            cap = max(1, int(length.max().item()) + reserve)
+            n = torch.arange(cap, device=dev)[None, :].expand(B, cap)
+            ok = n < length[:, None]
+            idx = n.clamp(max=max(T - 1, 0))
+        gi = idx[:, None, :, None].expand(B, H, idx.shape[1], hd)
+        mk = ok[:, None, :, None].to(k.dtype)
+        return cls(k=k.gather(2, gi) * mk, v=v.gather(2, gi) * mk,
+                   pos=torch.where(ok, positions.gather(1, idx), torch.full_like(idx, -1)),
+                   length=length.clone(), window=window)
+
+    @classmethod
+    def empty(cls, batch: int, n_heads: int, head_dim: int, window: int | None, capacity: int = 16,
+              device=None, dtype=torch.float32) -> "KVCache":
+        C = window if window is not None else capacity
+        z = torch.zeros(batch, n_heads, C, head_dim, device=device, dtype=dtype)
+        return cls(k=z, v=z.clone(), pos=torch.full((batch, C), -1, dtype=torch.long, device=device),
+                   length=torch.zeros(batch, dtype=torch.long, device=device), window=window)
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.pos, self.length))
+
+    def write(self, k: Tensor, v: Tensor, pos: Tensor, rows: Tensor | None = None) -> None:
+        """Append one entry per row: k, v (n, H, hd) at positions ``pos`` (n,) for ``rows`` (n,)
+        (all rows when None). In place."""
+        if rows is None:
+            rows = torch.arange(k.shape[0], device=k.device)
+        if self.window is not None:
+            slot = pos % self.window
+        else:
+            slot = self.length[rows]
+            need = int(slot.max().item()) + 1 if slot.numel() else 0
+            if need > self.capacity:
+                self._grow(max(need, 2 * self.capacity))
+        self.k[rows, :, slot] = k.to(self.k.dtype)
+        self.v[rows, :, slot] = v.to(self.v.dtype)
+        self.pos[rows, slot] = pos
+        self.length[rows] += 1
+
+    def _grow(self, capacity: int) -> None:
+        extra = capacity - self.capacity
+        self.k = F.pad(self.k, (0, 0, 0, extra))
+        self.v = F.pad(self.v, (0, 0, 0, extra))
+        self.pos = F.pad(self.pos, (0, extra), value=-1)
+
+    def select(self, rows: Tensor) -> "KVCache":
+        """The cache of a subset of rows (finished sequences dropped)."""
+        return KVCache(k=self.k[rows], v=self.v[rows], pos=self.pos[rows], length=self.length[rows],
+                       window=self.window)
+
+
 class Attention(nn.Module):
     """Multi-head causal self-attention with RoPE; ``window=None`` means full causal attention."""
 
@@ -89,14 +182,31 @@ class Attention(nn.Module):
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                on_kv: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+        """``on_kv(k, v)``, when given, receives the rotated keys and values (B, H, T, hd): the
+        prefill of incremental decoding builds its caches from them."""
         B, T, D = x.shape
         q, k, v = self.project(x, cos, sin)
+        if on_kv is not None:
+            on_kv(k, v)
         if self.window is None or self.window >= T:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             a = local_attention(q, k, v, self.window)
         return self.out(a.transpose(1, 2).reshape(B, T, D))
+
+    def step(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, pos: Tensor,
+             rows: Tensor | None = None) -> Tensor:
+        """One new position per row: x (n, 1, D) at positions ``pos`` (n,), for cache ``rows``
+        (n,) or all rows. Writes its key/value into the cache, then attends to the cache."""
+        n, _, D = x.shape
+        q, k, v = self.project(x, cos, sin)
+        cache.write(k[:, :, 0], v[:, :, 0], pos, rows)
+        K, V, P = (cache.k, cache.v, cache.pos) if rows is None else (cache.k[rows], cache.v[rows], cache.pos[rows])
+        mask = (P >= 0)[:, None, None, :]
+        a = F.scaled_dot_product_attention(q, K.to(q.dtype), V.to(q.dtype), attn_mask=mask)
+        return self.out(a.transpose(1, 2).reshape(n, 1, D))
 
 
 class GatedMLP(nn.Module):
@@ -122,6 +232,13 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(dim, eps)
         self.mlp = GatedMLP(dim, mlp_hidden)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), cos, sin)
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor,
+                on_kv: Callable[[Tensor, Tensor], None] | None = None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, on_kv)
+        return x + self.mlp(self.mlp_norm(x))
+
+    def step(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, pos: Tensor,
+             rows: Tensor | None = None) -> Tensor:
+        """:meth:`forward` for one new position per row, against a :class:`KVCache`."""
+        x = x + self.attn.step(self.attn_norm(x), cos, sin, cache, pos, rows)
         return x + self.mlp(self.mlp_norm(x))

@@ -13,6 +13,7 @@ whose output predicts byte p_c + 1, so no shift is needed (spec 1.5).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +30,17 @@ class UNetOutput:
     early_logits: Tensor  # (B, S, 257): early-exit head on the encoder output
     boundary: BoundaryOutput
     chunks: Chunks
+    hidden: Tensor | None = None  # (B, S, d): encoder output h (incremental decoding reads it)
+    zhat: Tensor | None = None  # (B, M, d): main-network output per chunk
+
+
+# on_kv(stage, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
+# stage is "encoder", "main" or "decoder". Used by the prefill of incremental decoding.
+KVRecorder = Callable[[str, int, Tensor, Tensor], None]
+
+
+def _layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
+    return None if on_kv is None else (lambda k, v: on_kv(stage, i, k, v))
 
 
 class ByteUNet(nn.Module):
@@ -55,39 +67,50 @@ class ByteUNet(nn.Module):
     def head_dim(self) -> int:
         return self.cfg.d_model // self.cfg.n_heads
 
-    def encode(self, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def encode(self, ids: Tensor, on_kv: KVRecorder | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Encoder output h (B, S, d) and the byte-level RoPE tables."""
         S = ids.shape[1]
         cos, sin = rope_angles(torch.arange(S, device=ids.device), self.head_dim, self.cfg.rope_theta)
         x = self.embed(ids)
-        for blk in self.encoder:
-            x = blk(x, cos, sin)
+        for i, blk in enumerate(self.encoder):
+            x = blk(x, cos, sin, _layer_hook(on_kv, "encoder", i))
         return x, cos, sin
 
-    def run_main(self, z: Tensor, positions: Tensor) -> Tensor:
+    def run_main(self, z: Tensor, positions: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
         cos, sin = rope_angles(positions, self.head_dim, self.cfg.rope_theta)
-        for blk in self.main:
-            z = blk(z, cos, sin)
+        for i, blk in enumerate(self.main):
+            z = blk(z, cos, sin, _layer_hook(on_kv, "main", i))
         return z
 
     def forward(self, ids: Tensor, *, noise: Tensor | None = None, boundaries: Tensor | None = None,
-                mode: str = "sample", valid: Tensor | None = None) -> UNetOutput:
+                mode: str = "sample", valid: Tensor | None = None,
+                on_kv: KVRecorder | None = None) -> UNetOutput:
         """``boundaries`` (B, S) fixes the boundaries (teacher forcing); else the method decides,
         drawing its randomness from ``noise`` (B, S) uniforms when given. ``mode`` is ``sample``
-        or ``greedy`` (threshold probabilities at 0.5)."""
+        or ``greedy`` (threshold probabilities at 0.5). ``on_kv`` records every attention
+        layer's keys/values (see :data:`KVRecorder`)."""
         if valid is None:
             valid = ids != PAD
-        h, cos, sin = self.encode(ids)
+        h, cos, sin = self.encode(ids, on_kv)
         bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
         chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
         z = self.boundary.downsample(h, bo, chunks)
-        zhat = self.run_main(z, chunks.positions)
+        zhat = self.run_main(z, chunks.positions, on_kv)
         u = self.boundary.upsample(h, zhat, bo, chunks)
-        for blk in self.decoder:
-            u = blk(u, cos, sin)
+        for i, blk in enumerate(self.decoder):
+            u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
         logits = self.head(self.norm(u))
         early = self.early_head(self.early_norm(h))
-        return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks)
+        return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks,
+                          hidden=h, zhat=zhat)
+
+    def generate(self, prompts, max_new_bytes: int = 256, temperature: float = 1.0, top_p: float = 1.0,
+                 boundary_mode: str = "sample", **kwargs):
+        """Sample continuations of ``prompts`` with KV caches; see :func:`rltok.generate.generate`."""
+        from ..generate import generate
+
+        return generate(self, prompts, max_new_bytes, temperature=temperature, top_p=top_p,
+                        boundary_mode=boundary_mode, **kwargs)
 
     def param_groups_for_flops(self) -> tuple[int, int]:
         """(parameters applied per byte, parameters applied per chunk), matmul weights only."""

@@ -1,0 +1,108 @@
+"""rltok generate"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import positive_int
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "generate", help="sample text from a trained run (KV-cached, batched)",
+        description="Continue one or more prompts with a trained run, one byte at a time from KV "
+                    "caches; the boundary method decides chunk ends as it goes. With a single prompt "
+                    "the text is printed as it is produced. Invalid UTF-8 is shown as U+FFFD.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("run", help="run directory")
+    p.add_argument("--prompt", action="append", default=None,
+                   help="prompt text; repeat for a batch; '-' reads one prompt from stdin (default: empty)")
+    p.add_argument("--max-bytes", type=_nonneg_int, default=256, help="new bytes per prompt at most")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
+    p.add_argument("--top-k", type=_nonneg_int, default=0, help="sample among the k most likely bytes (0 = off)")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable); removed from the output")
+    p.add_argument("--seed", type=int, default=None, help="seed of bytes and boundaries (default: fresh, printed)")
+    p.add_argument("--greedy-boundaries", action="store_true",
+                   help="boundary where its probability > 0.5 instead of sampling")
+    p.add_argument("--no-cache", action="store_true",
+                   help="re-run the full model for every byte (slow reference; works for every method)")
+    p.add_argument("--show-boundaries", action="store_true",
+                   help="also print prompt and continuation cut into the decoded chunks, separated by |")
+    p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="fp32", help="compute precision")
+    p.add_argument("--threads", type=_nonneg_int, default=0,
+                   help="CPU threads (0 = torch's default); 1 is often fastest for one byte at a time")
+    p.add_argument("--checkpoint", default=None, help="use a checkpoint (e.g. step_00000100) instead of the final weights")
+    p.set_defaults(func=run)
+
+
+def _prompts(args) -> list[str]:
+    prompts = args.prompt or [""]
+    if prompts.count("-") > 1:
+        from ..errors import RltokError
+
+        raise RltokError("--prompt -: stdin can supply only one prompt")
+    return [sys.stdin.read() if x == "-" else x for x in prompts]
+
+
+def run(args) -> int:
+    from ..generate import _check_args, generate
+    from ..run import load_model
+
+    prompts = _prompts(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
+    out = sys.stdout
+    streaming = len(prompts) == 1 and not args.json
+
+    def stream(_i: int, text: str) -> None:
+        out.write(text)
+        out.flush()
+
+    stops = [s.encode("utf-8") for s in args.stop or []]
+    _check_args(args.max_bytes, args.temperature, args.top_p, args.top_k, "sample", stops)  # before printing
+    if streaming:
+        out.write(prompts[0])
+        out.flush()
+    res = generate(model, prompts, args.max_bytes, temperature=args.temperature, top_p=args.top_p,
+                   top_k=args.top_k, boundary_mode="greedy" if args.greedy_boundaries else "sample",
+                   stop=args.stop, seed=args.seed, stream=stream if streaming else None,
+                   cache=not args.no_cache, dtype=args.dtype)
+    for i, g in enumerate(res):
+        chunks = [c.decode("utf-8", errors="replace") for c in g.chunks()]
+        if args.json:
+            d = {"index": i, "prompt": g.prompt.decode("utf-8", errors="replace"), "text": g.text,
+                 "stop_reason": g.stop_reason, "new_bytes": len(g.output), "seed": res.seed,
+                 "mean_logprob": float(g.logprobs.mean()) if len(g.logprobs) else None}
+            if args.show_boundaries:
+                d["chunks"] = chunks
+            out.write(json.dumps(d) + "\n")
+            continue
+        if streaming:
+            out.write("\n")
+        else:
+            out.write(f"--- [{i}] ({g.stop_reason})\n{g.prompt.decode('utf-8', errors='replace')}{g.text}\n")
+        if args.show_boundaries:
+            out.write("chunks: " + "|".join(chunks) + "\n")
+    n = sum(len(g.sampled) for g in res)
+    speed = f"{res.bytes_per_s:,.0f} bytes/s" if res.decode_bytes else "n/a"
+    print(f"[{n} bytes for {len(res)} prompt(s); first byte {res.ttfb_s * 1e3:.1f} ms; {speed}; "
+          f"{'cached' if res.cached else 'no cache'}; seed {res.seed}]", file=sys.stderr)
+    return 0
