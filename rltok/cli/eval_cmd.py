@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import positive_int
+from . import add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -28,11 +28,13 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
     p.add_argument("--checkpoint", default=None, help="evaluate a checkpoint (e.g. step_00000100) instead of the final weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_threads_arg(p)
     p.add_argument("--per-doc", action="store_true", help="include per_doc_bpb (input order) in the JSON")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    apply_threads(args)
     from ..data import load_splits
     from ..data.corpus import Corpus
     from ..evaluate import evaluate_corpus

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import parse_size, positive_int
+from . import add_threads_arg, apply_threads, parse_size, positive_int
 
 
 def register(sub) -> None:
@@ -32,12 +32,14 @@ def register(sub) -> None:
                         "(bare names work when unique: --set gamma=1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_threads_arg(p)
     p.add_argument("--list-keys", action="store_true", help="print every config key with its resolved value and exit")
     p.add_argument("--list-methods", action="store_true", help="print the boundary methods and exit")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    apply_threads(args)
     from ..boundaries import get_method, method_names
     from ..config import build_config, config_keys
     from ..errors import RltokError
