@@ -79,6 +79,7 @@ class BoundaryConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 16  # sequences per optimizer step, summed over ranks and accumulation
+    batch_bytes: int = 0  # > 0: the global batch in bytes (sets batch_size = batch_bytes / seq_len)
     micro_batch: int = 0  # sequences per forward on one rank; 0 = batch_size / world_size
     lr: float = 2e-3
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
@@ -105,6 +106,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
+        _check(self.batch_bytes >= 0, f"train.batch_bytes={self.batch_bytes} must be >= 0")
         _check(self.micro_batch >= 0, "train.micro_batch must be >= 0")
         _check(self.lr > 0, f"train.lr={self.lr} must be > 0")
         _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]")
@@ -156,6 +158,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> "RunConfig":
+        t = self.train
+        if t.batch_bytes > 0:  # the global batch in bytes wins over batch_size
+            _check(t.batch_bytes % self.model.seq_len == 0,
+                   f"train.batch_bytes={t.batch_bytes} must be a multiple of model.seq_len={self.model.seq_len}")
+            t.batch_size = t.batch_bytes // self.model.seq_len
         self.model.validate()
         self.boundary.validate()
         self.train.validate()
