@@ -150,6 +150,13 @@ def test_limits_and_too_few_documents(c4_path, tmp_path):
     m = prepare(PrepareOptions(str(c4_path), str(tmp_path / "a"), min_bytes=1000, val_docs=4,
                                max_bytes_total=300_000), progress=False).manifest
     assert m["limit"]["reached"] and 290_000 < m["counts"]["bytes"] <= 300_000
+    # the paper's storage: the filter sees whole documents, only the first 4096 bytes are kept
+    out = tmp_path / "t"
+    m = prepare(PrepareOptions(str(c4_path), str(out), min_bytes=4097, truncate_bytes=4096, val_docs=4),
+                progress=False).manifest
+    full = [d for _, d in iter_local(str(c4_path), "text") if len(d) >= 4097]
+    assert m["counts"]["documents"] == len(full) and m["counts"]["bytes"] == 4096 * len(full)
+    assert _docs(open_all(out)) == [d[:4096] for d in full]
     with pytest.raises(RltokError, match="too few for 200 validation"):
         prepare(PrepareOptions(str(c4_path), str(tmp_path / "b"), min_bytes=4096, val_docs=200),
                 progress=False)

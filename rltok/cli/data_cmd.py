@@ -31,6 +31,9 @@ def _add_prepare(actions) -> None:
                    help="keep documents of at least this many bytes (the paper: 4096)")
     p.add_argument("--max-doc-bytes", type=parse_size, default=0,
                    help="cut longer documents into pieces of this size before filtering (0: keep whole)")
+    p.add_argument("--truncate-bytes", type=parse_size, default=0,
+                   help="store only the first N bytes of each kept document (the paper trains on the "
+                        "first 4096; 0: store all)")
     p.add_argument("--max-bytes-total", type=parse_size, default=0,
                    help="stop before the kept bytes exceed this (e.g. 20G; 0: the whole source)")
     p.add_argument("--val-docs", type=int, default=-1, help="validation documents (-1: 10%%, at most 256)")
@@ -51,7 +54,8 @@ def _run_prepare(args) -> int:
     from ..data.prepare import PrepareOptions, prepare
 
     opts = PrepareOptions(source=args.source, out=args.out, min_bytes=args.min_bytes,
-                          max_doc_bytes=args.max_doc_bytes, max_bytes_total=args.max_bytes_total,
+                          max_doc_bytes=args.max_doc_bytes, truncate_bytes=args.truncate_bytes,
+                          max_bytes_total=args.max_bytes_total,
                           val_docs=args.val_docs, test_docs=args.test_docs, split_seed=args.split_seed,
                           text_field=args.text_field, hub_split=args.hub_split, data_files=args.data_files,
                           shard_bytes=args.shard_bytes)

@@ -6,8 +6,9 @@ read with :mod:`rltok.data.sources` (parquet, jsonl, json, txt files, directorie
 built-in corpora).
 
 Per source document: cut into pieces of at most ``max_doc_bytes`` (0: never), drop pieces under
-``min_bytes`` (the paper keeps documents of 4096 bytes and more), drop exact duplicates, append the
-rest to the current shard. The split is decided at the end, by the rule of
+``min_bytes`` (the paper keeps documents of more than 4096 bytes), keep the first ``truncate_bytes``
+of each (the paper trains on the first 4096 bytes of each document), drop exact duplicates, append
+the rest to the current shard. The split is decided at the end, by the rule of
 :func:`rltok.data.corpus.split_corpus` (documents ordered by a keyed hash of their content: the
 first ``val_docs`` are validation, the next ``test_docs`` test, the rest train, kept in source
 order), so a prepared directory and the same files read directly split identically.
@@ -55,6 +56,7 @@ class PrepareOptions:
     out: str
     min_bytes: int = 4096
     max_doc_bytes: int = 0  # cut longer documents into pieces (0: keep whole)
+    truncate_bytes: int = 0  # keep only the first N bytes of each kept document (0: all)
     max_bytes_total: int = 0  # stop before the kept bytes would exceed this (0: no limit)
     val_docs: int = -1  # -1: 10% of the documents, at most 256 (as data.val_docs)
     test_docs: int = 0
@@ -68,8 +70,8 @@ class PrepareOptions:
     def validate(self) -> None:
         if self.min_bytes < 1:
             raise RltokError(f"--min-bytes={self.min_bytes} must be >= 1")
-        if self.max_doc_bytes < 0 or self.max_bytes_total < 0:
-            raise RltokError("--max-doc-bytes and --max-bytes-total must be >= 0")
+        if self.max_doc_bytes < 0 or self.max_bytes_total < 0 or self.truncate_bytes < 0:
+            raise RltokError("--max-doc-bytes, --truncate-bytes and --max-bytes-total must be >= 0")
         if self.max_doc_bytes and self.max_doc_bytes < self.min_bytes:
             raise RltokError(f"--max-doc-bytes={self.max_doc_bytes} is below --min-bytes={self.min_bytes}: "
                              f"every piece would be dropped")
@@ -451,6 +453,8 @@ def _stream(out: Path, opts: PrepareOptions, state: dict[str, Any], progress: bo
                     if len(piece) < opts.min_bytes:
                         state["pieces_short"] += 1
                         continue
+                    if opts.truncate_bytes:  # the filter saw the whole document (the paper's rule)
+                        piece = piece[:opts.truncate_bytes]
                     key = doc_key(piece, opts.split_seed)
                     if key in w.seen:
                         state["pieces_duplicate"] += 1
@@ -536,7 +540,8 @@ def _finalize(out: Path, opts: PrepareOptions, state: dict[str, Any], source_inf
         "source": source_info,
         "options": opts.fingerprint(),
         "filter": {"min_bytes": opts.min_bytes, "rule": "keep documents (pieces) of >= min_bytes bytes",
-                   "max_doc_bytes": opts.max_doc_bytes or None, "deduplicated": "exact (64-bit keyed hash)"},
+                   "max_doc_bytes": opts.max_doc_bytes or None, "truncate_bytes": opts.truncate_bytes or None,
+                   "deduplicated": "exact (64-bit keyed hash of the stored bytes)"},
         "limit": {"max_bytes_total": opts.max_bytes_total or None, "reached": state["stopped_at_limit"]},
         "split": {"rule": "keyed blake2b-64 of the content, ascending: val, then test, the rest train "
                           "(in source order); as rltok.data.corpus.split_corpus",
