@@ -130,7 +130,7 @@ def bench(preset: str, steps: int, warmup: int, device: str, compile_: bool, ove
         over["train.compile"] = True
     t = time.perf_counter()
     rl, uni = run_interleaved(["rl", "uniform"], preset, steps=steps, warmup=warmup, overrides=over,
-                              device=device, progress=False)
+                              device=device, progress=False, peak_seconds=1.0 if device == "cuda" else 0.2)
     print(format_table([rl, uni]), flush=True)
     import statistics
 

@@ -66,7 +66,7 @@ def test_peaks():
 def test_bench_cli_side_by_side(capsys, small_corpus_file):
     code = main(["bench", "--preset", "smoke", "--method", "rl,uniform", "--steps", "2", "--warmup", "1",
                  "--data", str(small_corpus_file), "--dtype", "fp32", "--no-progress", "--json",
-                 "--set", "data.val_docs=2"])
+                 "--set", "data.val_docs=2", "--peak-seconds", "0.1"])
     assert code == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["method"] for r in rows] == ["rl", "uniform"]

@@ -85,7 +85,8 @@ def dist(tmp_path_factory):
     stop_over = {**BASE, **RL, **data, "train.max_steps": 6, "train.ckpt_every": 3}
     jobs = [
         {"name": "uniform", "method": "uniform", "overrides": {**BASE, **data}, "out": str(root / "uniform")},
-        {"name": "fsdp", "method": "rl", "overrides": {**BASE, **RL, **data, "train.parallel": "fsdp"},
+        {"name": "fsdp", "method": "rl",
+         "overrides": {**BASE, **RL, **data, "train.parallel": "fsdp", "train.eval_docs": 2},
          "out": str(root / "fsdp")},
         {"name": "accum", "method": "rl",
          "overrides": {**BASE, **data, "train.batch_size": 8, "train.micro_batch": 2,
@@ -157,6 +158,10 @@ def test_fsdp_equals_one_process(dist):
     assert dist["results"]["fsdp"] == {"exit_code": 0, "steps": 2}
     ref = _reference(dist, "rl", "rl", {**BASE, **RL, "train.eval_docs": 2})
     _compare(dist["root"] / "fsdp", ref)
+    # evaluation with sharded weights runs on every rank (each forward gathers), logged once
+    s_fsdp = json.loads((dist["root"] / "fsdp" / "summary.json").read_text())
+    s_ref = json.loads((ref / "summary.json").read_text())
+    assert s_fsdp["val_docs"] == 2 and s_fsdp["val_bpb"] == pytest.approx(s_ref["val_bpb"], rel=1e-4)
 
 
 def test_accumulation_across_ranks_equals_one_process(dist):

@@ -30,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="sequences per step (default: the preset's global batch)")
     p.add_argument("--compile", action="store_true", help="torch.compile each Transformer block")
+    p.add_argument("--peak-seconds", type=float, default=1.0,
+                   help="seconds spent measuring the matmul peak, before and after the steps")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config field, as in `rltok train`")
     p.add_argument("--json", action="store_true", help="print one JSON object per method")
@@ -53,7 +55,8 @@ def run(args) -> int:
     if args.compile:
         over["train.compile"] = True
     results = run_interleaved(methods, args.preset, steps=args.steps, warmup=args.warmup,
-                              overrides=over, device=args.device, progress=not args.no_progress)
+                              overrides=over, device=args.device, progress=not args.no_progress,
+                              peak_seconds=args.peak_seconds)
     if args.json:
         for r in results:
             print(json.dumps(r.to_dict()))

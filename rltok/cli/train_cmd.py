@@ -36,7 +36,7 @@ def register(sub) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: cuda if available)")
     p.add_argument("--batch-bytes", type=parse_size, default=None,
                    help="global batch in bytes per optimizer step, over all processes and accumulation "
-                        "(e.g. 512k; sets train.batch_bytes; a multiple of model.seq_len)")
+                        "(e.g. 524288 = 128 x 4096; sets train.batch_bytes; a multiple of model.seq_len)")
     p.add_argument("--micro-batch", type=positive_int, default=None,
                    help="sequences per forward pass on one process (gradient accumulation covers the rest)")
     p.add_argument("--parallel", choices=["ddp", "fsdp"], default=None,
