@@ -1,9 +1,7 @@
 """FLOP counting, `rltok bench`, and the GPU check script's syntax and CPU fallback."""
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -81,17 +79,27 @@ def test_bench_cli_side_by_side(capsys, small_corpus_file):
     assert rows[0]["train_flops_per_byte"] > rows[1]["train_flops_per_byte"] * 0.9
 
 
-def test_gpu_check_script_syntax_and_cpu_fallback(tmp_path, small_corpus_file):
+def test_gpu_check_script_syntax_and_cpu_fallback(tmp_path, small_corpus_file, capsys):
+    """gpu_check.sh parses; gpu_check.py (what it runs) passes its checks in the CPU fallback."""
+    import importlib.util
+
     sh = REPO / "benchmarks" / "gpu_check.sh"
     assert subprocess.run(["bash", "-n", str(sh)]).returncode == 0
-    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    r = subprocess.run(["bash", str(sh), "--steps", "1", "--warmup", "0", "--json", str(tmp_path / "r.json"),
-                        "--set", f"data.source={small_corpus_file}", "--set", "data.val_docs=2"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    assert "benchmarks/gpu_check.py" in sh.read_text()
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: run benchmarks/gpu_check.sh itself")
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "benchmarks" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    code = gpu_check.main(["--steps", "1", "--warmup", "0", "--json", str(tmp_path / "r.json"),
+                           "--set", f"data.source={small_corpus_file}", "--set", "data.val_docs=2"])
+    out = capsys.readouterr().out
     results = json.loads((tmp_path / "r.json").read_text())["results"]
     checks = {x["check"]: x for x in results}
     for name in ("causality", "bf16_vs_fp32", "policy_scan_parallel", "local_attention_float32",
                  "local_attention_bfloat16"):
-        assert checks[name]["ok"] is True, (name, checks.get(name), r.stderr[-2000:])
+        assert checks[name]["ok"] is True, (name, checks.get(name))
     assert checks["bench_rl"]["bytes_per_s"] > 0 and "rl_over_uniform" in checks
-    assert "CPU fallback" in r.stdout
+    assert "CPU fallback" in out
+    assert code == 0  # correctness decides the exit status; the targets are reported
+    assert set(checks["rl_over_uniform"]) >= {"ratio", "ratio_target_met", "mfu_target_met"}
