@@ -79,6 +79,7 @@ class BoundaryConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 16  # sequences per optimizer step, summed over ranks and accumulation
+    batch_bytes: int = 0  # > 0: the global batch in bytes (sets batch_size = batch_bytes / seq_len)
     micro_batch: int = 0  # sequences per forward on one rank; 0 = batch_size / world_size
     lr: float = 2e-3
     min_lr_ratio: float = 0.0  # cosine decays to lr * min_lr_ratio
@@ -105,6 +106,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         _check(self.batch_size >= 1, f"train.batch_size={self.batch_size} must be >= 1")
+        _check(self.batch_bytes >= 0, f"train.batch_bytes={self.batch_bytes} must be >= 0")
         _check(self.micro_batch >= 0, "train.micro_batch must be >= 0")
         _check(self.lr > 0, f"train.lr={self.lr} must be > 0")
         _check(0 <= self.min_lr_ratio <= 1, "train.min_lr_ratio must be in [0, 1]")
@@ -156,6 +158,11 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> "RunConfig":
+        t = self.train
+        if t.batch_bytes > 0:  # the global batch in bytes wins over batch_size
+            _check(t.batch_bytes % self.model.seq_len == 0,
+                   f"train.batch_bytes={t.batch_bytes} must be a multiple of model.seq_len={self.model.seq_len}")
+            t.batch_size = t.batch_bytes // self.model.seq_len
         self.model.validate()
         self.boundary.validate()
         self.train.validate()
@@ -264,24 +271,55 @@ PRESETS: dict[str, dict[str, Any]] = {
     **{name: _paper_preset(name) for name in _PAPER_SIZES},
 }
 
-# Recipes: named bundles of settings applied after the preset.
+# Recipes: named bundles of settings applied after the preset. A recipe may also name the
+# "preset" and "method" it is meant for; they apply unless the caller names others.
+_PAPER_RUN = {
+    # the paper's estimator (spec 3) and its hardware-independent batch: 128 x 4096 bytes per
+    # step, the baseline over each 8-sequence micro-batch as on the reference's 4 GPUs
+    "boundary.window": 8, "boundary.scale": 0.0625, "boundary.gamma": 0.99,
+    "boundary.reward": "early_exit", "boundary.baseline": "batch_mean", "boundary.baseline_group": 8,
+    "boundary.pg_weight": 0.01, "boundary.rate_weight": 0.01, "boundary.lm_weight": 0.9,
+    "boundary.early_weight": 0.1, "boundary.target_rate": 0.2,
+    "train.batch_bytes": 128 * 4096, "train.seed": 42, "train.dtype": "bf16",
+}
+_ABLATION = {"preset": "18M", "method": "rl", **_PAPER_RUN, "train.batch_bytes": 32 * 4096,
+             "data.source": "data/fineweb"}
+
 RECIPES: dict[str, dict[str, Any]] = {
     # the paper's policy and estimator settings (spec sections 2-3) on any preset
     "paper-policy": {"boundary.window": 8, "boundary.scale": 0.0625, "boundary.gamma": 0.99},
     # the fast-learning policy that the tiny preset uses by default
     "fast-policy": {"boundary.window": 1, "boundary.scale": 1.0},
+    # the paper's runs, one command each after `rltok data prepare` (docs/recipes.md)
+    "paper-147m-fineweb": {"preset": "147M", "method": "rl", **_PAPER_RUN, "data.source": "data/fineweb"},
+    "paper-90m-codeparrot": {"preset": "90M-code", "method": "rl", **_PAPER_RUN, "data.source": "data/codeparrot"},
+    # the ablation table (spec 7.3; its model size is not stated: the 18M preset by default)
+    "ablation-baseline": dict(_ABLATION),
+    "ablation-gamma1": {**_ABLATION, "boundary.gamma": 1.0},
+    "ablation-no-early-exit": {**_ABLATION, "boundary.reward": "neg_ce"},
+    "ablation-no-batch-relative": {**_ABLATION, "boundary.baseline": "none"},
+    "ablation-w1": {**_ABLATION, "boundary.window": 1},
+    "ablation-no-rate-penalty": {**_ABLATION, "boundary.rate_weight": 0.0},
 }
+RECIPE_TARGETS = ("preset", "method")  # recipe keys that are not config fields
 
 
 # ----------------------------------------------------------------------------------------------
 # Building and overriding
 
 
-def build_config(method: str = "rl", preset: str = "tiny", recipe: str = "",
+def build_config(method: str | None = "rl", preset: str | None = "tiny", recipe: str = "",
                  overrides: list[str] | dict[str, Any] | None = None) -> RunConfig:
-    """Resolve defaults -> preset -> recipe -> overrides into a validated RunConfig."""
+    """Resolve defaults -> preset -> recipe -> overrides into a validated RunConfig.
+
+    ``method``/``preset`` None: the recipe's (if it names them), else rl / tiny."""
     from .boundaries import get_method
 
+    if recipe and recipe not in RECIPES:
+        raise RltokError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
+    named = RECIPES.get(recipe, {}) if recipe else {}
+    method = method or named.get("method", "rl")
+    preset = preset or named.get("preset", "tiny")
     spec = get_method(method)
     if preset not in PRESETS:
         raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
@@ -290,10 +328,8 @@ def build_config(method: str = "rl", preset: str = "tiny", recipe: str = "",
         _apply(cfg, key, value, strict=False)
     for key, value in PRESETS[preset].items():
         _apply(cfg, key, value, strict=False)
-    if recipe:
-        if recipe not in RECIPES:
-            raise RltokError(f"unknown recipe {recipe!r}; choose one of: {', '.join(RECIPES)}")
-        for key, value in RECIPES[recipe].items():
+    for key, value in named.items():
+        if key not in RECIPE_TARGETS:
             _apply(cfg, key, value, strict=False)
     apply_overrides(cfg, overrides)
     return cfg.validate()
@@ -302,9 +338,12 @@ def build_config(method: str = "rl", preset: str = "tiny", recipe: str = "",
 def apply_overrides(cfg: RunConfig, overrides: list[str] | dict[str, Any] | None) -> RunConfig:
     if not overrides:
         return cfg
-    items = overrides.items() if isinstance(overrides, dict) else [_split_kv(s) for s in overrides]
+    items = list(overrides.items() if isinstance(overrides, dict) else [_split_kv(s) for s in overrides])
     for key, value in items:
         _apply(cfg, key, value, strict=True)
+    keys = {resolve_key(cfg, k) for k, _ in items}
+    if "train.batch_size" in keys and "train.batch_bytes" not in keys:
+        cfg.train.batch_bytes = 0  # an explicit batch in sequences replaces a preset's batch in bytes
     return cfg
 
 

@@ -37,6 +37,14 @@ class DistInfo:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 
+    def all_reduce_max(self, t: torch.Tensor) -> torch.Tensor:
+        """Elementwise max across ranks, on the device (no host round trip)."""
+        if not self.enabled:
+            return t
+        t = t.detach().clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t
+
     def reduce_mean(self, t: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return t

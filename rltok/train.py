@@ -16,7 +16,6 @@ import os
 import signal
 import sys
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -129,10 +128,104 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
         # the training length may be extended on resume; everything else comes from the run
         saved.train.total_bytes = cfg.train.total_bytes
         saved.train.max_steps = cfg.train.max_steps
+        # so may how it executes (not what it computes): e.g. resume a DDP run under FSDP
+        for k in ("device", "parallel", "compile"):
+            setattr(saved.train, k, getattr(cfg.train, k))
         return saved.validate()
     if (out / "config.json").exists():
         raise RltokError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     return cfg
+
+
+@dataclass
+class Layout:
+    """How the global batch is cut: per rank, per micro-step."""
+
+    per_rank: int
+    micro: int
+    accum: int
+
+
+def batch_layout(cfg: RunConfig, world: int) -> Layout:
+    t = cfg.train
+    if t.batch_size % world:
+        raise RltokError(f"train.batch_size={t.batch_size} must be divisible by the number of processes ({world})")
+    per_rank = t.batch_size // world
+    micro = t.micro_batch or per_rank
+    if per_rank % micro:
+        raise RltokError(f"train.micro_batch={micro} must divide the per-process batch ({per_rank} = "
+                         f"train.batch_size {t.batch_size} / {world} processes)")
+    return Layout(per_rank=per_rank, micro=micro, accum=per_rank // micro)
+
+
+def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
+    """AdamW, fused where the device supports it: one kernel for all parameters, and a
+    non-finite step is skipped on the device (``found_inf``) without a host round trip."""
+    t = cfg.train
+    kw = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    try:
+        return torch.optim.AdamW(model.parameters(), fused=True, **kw)
+    except (RuntimeError, TypeError, ValueError):  # a device without the fused kernel
+        return torch.optim.AdamW(model.parameters(), **kw)
+
+
+@dataclass
+class StepOutput:
+    loss: torch.Tensor  # mean training loss over this rank's micro-steps (device scalar)
+    grad_norm: torch.Tensor  # global gradient norm before clipping
+    skipped: torch.Tensor  # 1.0 if the update was skipped (non-finite on any rank), else 0.0
+    stats: list[dict[str, torch.Tensor]]  # per micro-step statistics (device tensors)
+
+
+class TrainStep:
+    """One optimizer step: forward/backward over the accumulation micro-steps of this rank's
+    slice of the global batch, gradient clipping, a finite check and AdamW. Shared by the
+    training loop and ``rltok bench``.
+
+    Host-device synchronisation: none here except the one inside the model that reads the
+    longest chunk count to size the chunk tensors (``chunk_indices``). The finite check stays on
+    the device: a fused AdamW skips the update when ``found_inf`` is set; the loop reads the
+    flags at log intervals. (An optimizer without the fused kernel needs one sync per step.)
+    """
+
+    def __init__(self, model: nn.Module, fwd: nn.Module, opt: torch.optim.Optimizer, cfg: RunConfig,
+                 info: DistInfo, dataset: SequenceDataset, layout: Layout):
+        self.model, self.fwd, self.opt, self.cfg, self.info = model, fwd, opt, cfg, info
+        self.dataset, self.layout = dataset, layout
+        self.amp = autocast_for(info.device, cfg.train.dtype)
+        self.device_skip = bool(getattr(opt, "_step_supports_amp_scaling", False))
+
+    def indices(self, step: int):
+        return self.dataset.step_indices(step, self.cfg.train.batch_size, self.info.rank, self.info.world)
+
+    def __call__(self, step: int, lr: float) -> StepOutput:
+        from .parallel import grad_sync
+
+        cfg, info, L = self.cfg, self.info, self.layout
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        indices = self.indices(step)
+        loss_sum = torch.zeros((), device=info.device)
+        stats = []
+        for j in range(L.accum):
+            batch = self.dataset.batch(indices[j * L.micro:(j + 1) * L.micro]).to(info.device)
+            with grad_sync(self.fwd, self.model, enabled=(j == L.accum - 1), info=info):
+                with self.amp:
+                    sl = training_loss(self.model, batch, cfg, reduce_mean=info.reduce_mean,
+                                       all_reduce_sum=info.all_reduce_sum, forward=self.fwd)
+                (sl.loss / L.accum).backward()
+            loss_sum += sl.loss.detach() / L.accum
+            stats.append(sl.stats)
+        grad_norm = _grad_norm(self.model, cfg.train.grad_clip)
+        bad = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()
+        bad = info.all_reduce_max(bad)  # every rank skips together
+        if self.device_skip:
+            self.opt.found_inf = bad
+            self.opt.step()
+        elif not bool(bad.item()):
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return StepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True,
@@ -145,13 +238,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
     t = cfg.train
-    if t.batch_size % info.world:
-        raise RltokError(f"train.batch_size={t.batch_size} must be divisible by the number of processes ({info.world})")
-    per_rank = t.batch_size // info.world
-    micro = t.micro_batch or per_rank
-    if per_rank % micro:
-        raise RltokError(f"train.micro_batch={micro} must divide the per-process batch ({per_rank})")
-    accum = per_rank // micro
+    layout = batch_layout(cfg, info.world)
 
     torch.manual_seed(t.seed)
     splits = splits or load_splits(cfg)
@@ -166,13 +253,15 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
         write_config(out, cfg)
     info.barrier()
 
+    from .parallel import (compile_blocks, full_optimizer_state, full_state_dict, load_full_optimizer_state,
+                           wrap_data_parallel)
+
     model = build_model(cfg, out).to(info.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
-                            weight_decay=t.weight_decay)
     log = MetricsLog(out / METRICS, info.is_main)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
 
     step, bytes_seen, bad_total = 0, 0, 0
+    resume_from = None
     if resume:
         path = ckpt.latest_valid_checkpoint(out, warn=warn)
         if path is None:
@@ -180,24 +269,27 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
             log.truncate_after(0)
         else:
             m, o, state = ckpt.load_checkpoint(path)
-            model.load_state_dict(m)
-            ckpt.load_optimizer_state(opt, o, state["optimizer"])
+            model.load_state_dict(m)  # full weights, before sharding: any world size
+            resume_from = (o, state)
             step, bytes_seen = int(state["step"]), int(state["bytes_seen"])
             bad_total = int(state.get("bad_steps", 0))
             if "torch_rng" in state:
                 torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
             log.truncate_after(step)
-            warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes)")
+            warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes"
+                 f"{'' if state.get('world_size', info.world) == info.world else ', saved with %d processes, now %d' % (state['world_size'], info.world)})")
 
-    fwd: nn.Module = model
-    if info.enabled:
-        from .parallel import wrap_data_parallel
-
-        fwd = wrap_data_parallel(model, cfg, info)
     if t.compile:
-        fwd = torch.compile(fwd, dynamic=True)
+        compile_blocks(model)
+    fwd: nn.Module = wrap_data_parallel(model, cfg, info) if info.enabled else model
+    sharded = info.enabled and t.parallel == "fsdp"
+    opt = make_optimizer(model, cfg)  # after sharding: FSDP replaces the parameters
+    if resume_from is not None:
+        o, state = resume_from
+        load_full_optimizer_state(model, opt, o, state["optimizer"], sharded)
 
     dataset = SequenceDataset(splits.train, cfg.model.seq_len, t.seed, cfg.data.packing)
+    runner = TrainStep(model, fwd, opt, cfg, info, dataset, layout)
     total_steps = cfg.total_steps
     total_bytes = total_steps * cfg.bytes_per_step
     ckpt_every = t.ckpt_every or max(1, math.ceil(total_steps / 10))
@@ -205,20 +297,24 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     next_eval = (bytes_seen // eval_every + 1) * eval_every if eval_every else None
 
     def save(at_step: int) -> Path | None:
+        # gathering sharded weights is collective: every rank takes part, rank 0 writes
+        weights = full_state_dict(model)
+        optim = full_optimizer_state(model, opt, sharded)
         path = None
         if info.is_main:
             state = {"step": at_step, "bytes_seen": bytes_seen, "bad_steps": bad_total,
-                     "torch_rng": torch.get_rng_state().tolist(), "config": cfg.to_dict()}
-            path = ckpt.save_checkpoint(out, at_step, _model_state(model, cfg), ckpt.optimizer_state(opt),
-                                        state, t.keep_checkpoints)
+                     "world_size": info.world, "torch_rng": torch.get_rng_state().tolist(),
+                     "config": cfg.to_dict()}
+            path = ckpt.save_checkpoint(out, at_step, weights, optim, state, t.keep_checkpoints)
         info.barrier()
         return path
 
     def evaluate(tag: str) -> dict[str, Any]:
         res = {}
-        if info.is_main and t.eval_docs > 0 and len(splits.val):
+        # sharded weights: every rank runs the (identical) evaluation, since each forward gathers
+        if (info.is_main or sharded) and t.eval_docs > 0 and len(splits.val):
             r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs, dtype=t.dtype,
-                                seed=0, batch_size=max(1, micro))
+                                seed=0, batch_size=max(1, layout.micro))
             res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
                    "val_whitespace_recall": r.whitespace_recall,
                    "val_whitespace_precision": r.whitespace_precision, "val_docs": r.docs}
@@ -236,56 +332,59 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
 
     acc: dict[str, torch.Tensor] = {}
     acc_n = 0
+    pending: list[tuple[int, StepOutput]] = []  # steps since the last log, for the skip report
     consecutive_bad = 0
     t_log, bytes_log = time.perf_counter(), bytes_seen
     t_start = time.perf_counter()
     exit_code = 0
-    amp = autocast_for(info.device, t.dtype)
     model.train()
     with StopRequest() as stop:
         while step < total_steps:
             lr = lr_at(bytes_seen, cfg, total_bytes)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            indices = dataset.step_indices(step, t.batch_size, info.rank, info.world)
-            loss_sum = torch.zeros((), device=info.device)
-            for j in range(accum):
-                batch = dataset.batch(indices[j * micro:(j + 1) * micro]).to(info.device)
-                sync = nullcontext() if (j == accum - 1 or not info.enabled) else fwd.no_sync()
-                with sync:
-                    with amp:
-                        sl = training_loss(model, batch, cfg, reduce_mean=info.reduce_mean,
-                                           all_reduce_sum=info.all_reduce_sum, forward=fwd)
-                    (sl.loss / accum).backward()
-                loss_sum += sl.loss.detach() / accum
-                for k, v in sl.stats.items():
+            so = runner(step, lr)
+            for st in so.stats:
+                for k, v in st.items():
                     acc[k] = acc.get(k, 0) + v
                 acc_n += 1
-            grad_norm = _grad_norm(model, t.grad_clip)
-            finite = torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
-            ok = not info.any(not bool(finite.item()))
-            if ok:
-                opt.step()
-                consecutive_bad = 0
-            else:
-                consecutive_bad += 1
-                bad_total += 1
-                log.write({"event": "nonfinite", "step": step, "bytes": bytes_seen,
-                           "data_index": [int(indices[0]), int(indices[-1])],
-                           "loss": float(loss_sum), "grad_norm": float(grad_norm),
-                           "consecutive": consecutive_bad, "total": bad_total})
-                warn(f"rltok: non-finite loss or gradient at step {step} (sequences "
-                     f"{int(indices[0])}..{int(indices[-1])}): step skipped "
-                     f"({consecutive_bad} in a row, {bad_total} in all)")
-            opt.zero_grad(set_to_none=True)
-            acc["loss"] = acc.get("loss", 0) + loss_sum * accum
-            acc["grad_norm"] = acc.get("grad_norm", 0) + grad_norm * accum
+            acc["loss"] = acc.get("loss", 0) + so.loss * layout.accum
+            acc["grad_norm"] = acc.get("grad_norm", 0) + so.grad_norm * layout.accum
+            pending.append((step, so))
             step += 1
             bytes_seen += cfg.bytes_per_step
             if bar is not None:
                 bar.update(cfg.bytes_per_step)
 
-            if step % t.log_every == 0 or step == total_steps:
+            at_log = step % t.log_every == 0 or step == total_steps
+            if stop_at_step is not None and step >= stop_at_step and stop.signum is None:
+                stop.signum = signal.SIGINT
+            if info.enabled:
+                # stop_at_step is the same step on every rank; a signal may reach one rank first,
+                # so the ranks agree at log steps (a small collective there, not every step)
+                stopping = (stop_at_step is not None and step >= stop_at_step) or \
+                    (at_log and info.any(stop.signum is not None))
+                if stopping and stop.signum is None:
+                    stop.signum = signal.SIGTERM
+            else:
+                stopping = stop.signum is not None
+            if at_log or stopping or step % ckpt_every == 0:
+                # one host read for the whole interval: which steps were skipped
+                flags = torch.stack([p[1].skipped for p in pending]).tolist()
+                for (s, p), f in zip(pending, flags):
+                    if f:
+                        consecutive_bad += 1
+                        bad_total += 1
+                        idx = runner.indices(s)
+                        log.write({"event": "nonfinite", "step": s, "bytes": (s + 1) * cfg.bytes_per_step,
+                                   "data_index": [int(idx[0]), int(idx[-1])], "loss": float(p.loss),
+                                   "grad_norm": float(p.grad_norm), "consecutive": consecutive_bad,
+                                   "total": bad_total})
+                        warn(f"rltok: non-finite loss or gradient at step {s} (sequences "
+                             f"{int(idx[0])}..{int(idx[-1])}): step skipped "
+                             f"({consecutive_bad} in a row, {bad_total} in all)")
+                    else:
+                        consecutive_bad = 0
+                pending = []
+            if at_log:
                 rec = _reduce_stats(acc, acc_n, info)
                 now = time.perf_counter()
                 rec.update(step=step, bytes=bytes_seen, lr=_round(lr),
@@ -307,11 +406,9 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
             if next_eval is not None and bytes_seen >= next_eval and step < total_steps:
                 evaluate("eval")
                 next_eval += eval_every
-            if step % ckpt_every == 0 and step < total_steps:
+            if step % ckpt_every == 0 and step < total_steps and not stopping:
                 save(step)
-            if stop_at_step is not None and step >= stop_at_step and stop.signum is None:
-                stop.signum = signal.SIGINT
-            if info.any(stop.signum is not None):
+            if stopping:
                 path = save(step)
                 exit_code = stop.exit_code
                 warn(f"rltok: stopped at step {step}; checkpoint {path.name if path else ''} written; "
@@ -324,8 +421,9 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     if exit_code == 0:
         save(step)
         final = evaluate("final_eval")
+        weights = full_state_dict(model)
         if info.is_main:
-            ckpt.save_tensors_atomic(out / MODEL, _model_state(model, cfg),
+            ckpt.save_tensors_atomic(out / MODEL, weights,
                                      metadata={"format": "rltok-model-v1", "method": cfg.method})
             per_byte, per_chunk = _flop_params(model)
             summary = {
@@ -338,12 +436,6 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
             ckpt.write_json_atomic(out / SUMMARY, summary)
         info.barrier()
     return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
-
-
-def _model_state(model: nn.Module, cfg: RunConfig) -> dict[str, torch.Tensor]:
-    from .parallel import full_state_dict
-
-    return full_state_dict(model)
 
 
 def _flop_params(model: nn.Module) -> tuple[int, int]:
@@ -359,8 +451,12 @@ def _grad_norm(model: nn.Module, clip: float) -> torch.Tensor:
     if not params:
         return torch.zeros(())
     if clip > 0:
-        return torch.nn.utils.clip_grad_norm_(params, clip).float()
-    return torch.nn.utils.get_total_norm([p.grad for p in params]).float()
+        n = torch.nn.utils.clip_grad_norm_(params, clip)
+    else:
+        n = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if hasattr(n, "full_tensor"):  # FSDP: a replicated DTensor
+        n = n.full_tensor()
+    return n.float()
 
 
 def _reduce_stats(acc: dict[str, torch.Tensor], n: int, info: DistInfo) -> dict[str, Any]:

@@ -75,6 +75,30 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.return_block must be >= 1")
 
 
+def scan_decisions(d: Tensor) -> Tensor:
+    """Run the decision automaton given every step's decision for every history.
+
+    ``d`` (B, S, n) bool, n = 2^(w-1): ``d[:, t, s]`` is the decision at t if the previous w-1
+    decisions are the bits of s (bit k = b_{t-w+1+k}, so the newest is the top bit). The history
+    evolves as s -> (s >> 1) | (b_t << (w-2)); it starts at 0. Each step is a map on the n
+    histories; the history before every t is a prefix composition of these maps, computed by
+    doubling (Hillis-Steele) in ceil(log2 S) gathers of (B, S, n) instead of S sequential steps.
+    Returns b (B, S) bool.
+    """
+    B, S, n = d.shape
+    top = n.bit_length() - 2  # w - 2
+    s = torch.arange(n, device=d.device)
+    nxt = (s >> 1)[None, None, :] | (d.long() << top) if n > 1 else d.long() * 0  # (B, S, n)
+    # after the scan P[:, t, s] = history after step t when the history before step 0 is s
+    P = nxt
+    k = 1
+    while k < S:
+        P = torch.cat([P[:, :k], torch.gather(P[:, k:], 2, P[:, :-k])], dim=1)
+        k *= 2
+    before = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=d.device), P[:, :-1, 0]], dim=1)
+    return torch.gather(d, 2, before[..., None])[..., 0]
+
+
 class BoundaryPolicy(BoundaryModule):
     name = "rl"
     learned = True
@@ -102,9 +126,39 @@ class BoundaryPolicy(BoundaryModule):
             a = a + (V[..., : w - 1] * win).sum(-1)
         return self._cap(self.cfg.scale * a + self.bias0)
 
-    @torch.no_grad()
     def _scan(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
-        """Sequential sampling for w > 1: each decision conditions on the previous w-1."""
+        """Sampling for w > 1. The two versions give the same decisions; on an accelerator the
+        parallel one replaces S tiny sequential steps (S x ~10 kernel launches) by ~3 log2(S)
+        large ones; on a CPU, which has no width to spend, the sequential one is cheaper
+        (measured at B=8, S=4096, w=8 on 2 cores: 0.6 s sequential, 2.0 s parallel)."""
+        if V.device.type == "cpu":
+            return self._scan_sequential(V, u, valid, greedy)
+        return self._scan_parallel(V, u, valid, greedy)
+
+    @torch.no_grad()
+    def _scan_parallel(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+        """Sampling for w > 1 in O(log S) parallel steps (see :func:`scan_decisions`)."""
+        w = V.shape[-1]
+        coef, bias = V[..., : w - 1], V[..., w - 1]
+        B, S = bias.shape
+        states = torch.arange(2 ** (w - 1), device=V.device)
+        bits = ((states[:, None] >> torch.arange(w - 1, device=V.device)) & 1).to(V.dtype)  # (n, w-1)
+        # the logit at every t for every possible history; the same arithmetic as the sequential scan
+        hist = (coef[:, :, None, :] * bits).sum(-1)  # (B, S, n)
+        lt = self._cap(self.cfg.scale * (bias[..., None] + hist) + self.bias0)
+        if greedy:
+            d = lt > 0
+        else:
+            d = u[..., None] < torch.sigmoid(lt)
+        d = d & valid[..., None]
+        d[:, 0] = True
+        d[:, S - 1] = True
+        return scan_decisions(d)
+
+    @torch.no_grad()
+    def _scan_sequential(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+        """Reference: sequential sampling for w > 1, each decision conditioned on the previous w-1
+        (one step per byte; ``_scan_parallel`` must agree with it)."""
         B, S, w = V.shape
         coef, bias = V[..., : w - 1], V[..., w - 1]
         win = V.new_zeros(B, w - 1)  # win[:, k] = b_{t-w+1+k}

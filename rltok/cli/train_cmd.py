@@ -15,9 +15,12 @@ def register(sub) -> None:
         description="Train a byte-level U-Net with a boundary method. Under `torchrun "
                     "--nproc_per_node=N -m rltok train ...` the same command trains data-parallel.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--method", default="rl", help="boundary method (rl, uniform, ...; see `--list-methods`)")
-    p.add_argument("--preset", default="tiny", help=f"model size and optimisation: {', '.join(PRESETS)}")
-    p.add_argument("--recipe", default="", help=f"named settings applied after the preset: {', '.join(RECIPES)}")
+    p.add_argument("--method", default=None,
+                   help="boundary method (rl, uniform, ...; see `--list-methods`); default: the recipe's, else rl")
+    p.add_argument("--preset", default=None,
+                   help=f"model size and optimisation: {', '.join(PRESETS)}; default: the recipe's, else tiny")
+    p.add_argument("--recipe", default="",
+                   help=f"named settings applied after the preset (docs/recipes.md): {', '.join(RECIPES)}")
     p.add_argument("--data", default=None,
                    help="data source: file, directory, glob, prepared directory, or built-in "
                         "(stdlib, english); default: the preset's (stdlib)")
@@ -31,6 +34,14 @@ def register(sub) -> None:
                    help="override any config field, e.g. --set boundary.gamma=1 --set model.d_model=256 "
                         "(bare names work when unique: --set gamma=1)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], help="device (default: cuda if available)")
+    p.add_argument("--batch-bytes", type=parse_size, default=None,
+                   help="global batch in bytes per optimizer step, over all processes and accumulation "
+                        "(e.g. 524288 = 128 x 4096; sets train.batch_bytes; a multiple of model.seq_len)")
+    p.add_argument("--micro-batch", type=positive_int, default=None,
+                   help="sequences per forward pass on one process (gradient accumulation covers the rest)")
+    p.add_argument("--parallel", choices=["ddp", "fsdp"], default=None,
+                   help="data parallelism under torchrun: ddp, or fsdp (FSDP2) for larger models")
+    p.add_argument("--compile", action="store_true", help="torch.compile each Transformer block")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_threads_arg(p)
     p.add_argument("--list-keys", action="store_true", help="print every config key with its resolved value and exit")
@@ -60,6 +71,14 @@ def run(args) -> int:
         overrides["train.seed"] = args.seed
     if args.device is not None:
         overrides["train.device"] = args.device
+    if args.batch_bytes is not None:
+        overrides["train.batch_bytes"] = args.batch_bytes
+    if args.micro_batch is not None:
+        overrides["train.micro_batch"] = args.micro_batch
+    if args.parallel is not None:
+        overrides["train.parallel"] = args.parallel
+    if args.compile:
+        overrides["train.compile"] = True
     cfg = build_config(args.method, args.preset, args.recipe, overrides)
     from ..config import apply_overrides
 

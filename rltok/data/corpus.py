@@ -29,6 +29,11 @@ class Corpus:
         return bytes(self.doc(i))
 
     @property
+    def starts(self) -> np.ndarray:
+        """Start of each document in ``data`` (prepared corpora store starts, not offsets)."""
+        return self.offsets[:-1]
+
+    @property
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ..config import BOS, PAD
-from .corpus import Corpus
+from .corpus import Corpus  # or a PreparedCorpus: the same doc/starts/lengths interface
 
 
 @dataclass
@@ -75,7 +75,7 @@ class SequenceDataset:
         v = (start + np.arange(self.seq_len + 1, dtype=np.int64)) % self.vtotal
         doc = np.searchsorted(self.vstart, v, side="right") - 1
         local = v - self.vstart[doc]
-        src = self.corpus.offsets[doc] + local - 1
+        src = self.corpus.starts[doc] + local - 1
         ids = np.where(local == 0, BOS, 0).astype(np.int64)
         body = local > 0
         ids[body] = self.corpus.data[src[body]]

@@ -170,4 +170,9 @@ def read_documents(spec: str, cfg: DataConfig | None = None) -> list[bytes]:
 
 
 def load_corpus(spec: str, cfg: DataConfig | None = None) -> Corpus:
+    """All documents of a source; for a prepared directory, a memory-mapped view of all of them."""
+    if (Path(spec).expanduser() / "manifest.json").is_file():
+        from .prepared import open_all
+
+        return open_all(spec)  # type: ignore[return-value]  # same reading interface
     return Corpus.from_docs(read_documents(spec, cfg), name=spec)

@@ -7,6 +7,7 @@ below 2**24), unlike the reference code, which built positions in bf16 (spec sec
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -71,7 +72,10 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
     v2 = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :, :-1], vb], dim=3)
     mask = _band_mask(W, q.device).expand(nb, W, 2 * W).clone()
     mask[0, :, :W] = False  # block 0 has no previous block
-    out = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask)
+    # 4-D (batch*heads, blocks, ...): the fused SDPA kernels take 4-D inputs only (5-D falls
+    # back to the unfused math kernel on CUDA); the mask broadcasts over the first axis
+    out = F.scaled_dot_product_attention(qb.reshape(B * H, nb, W, hd), k2.reshape(B * H, nb, 2 * W, hd),
+                                         v2.reshape(B * H, nb, 2 * W, hd), attn_mask=mask)
     out = out.reshape(B, H, nb * W, hd)
     return out[:, :, :T] if pad else out
 
@@ -164,6 +168,20 @@ class KVCache:
         """The cache of a subset of rows (finished sequences dropped)."""
         return KVCache(k=self.k[rows], v=self.v[rows], pos=self.pos[rows], length=self.length[rows],
                        window=self.window)
+# FlashAttention 2 (the `flash-attn` package), when installed, on CUDA in bf16/fp16: one kernel
+# for full causal and for sliding-window attention. RLTOK_ATTENTION=sdpa turns it off.
+try:  # pragma: no cover - not installed on CPU machines
+    from flash_attn import flash_attn_func as _flash_attn_func
+except Exception:  # ImportError, or a build that does not match the installed torch
+    _flash_attn_func = None
+
+
+def flash_available() -> bool:
+    return _flash_attn_func is not None and os.environ.get("RLTOK_ATTENTION", "auto") != "sdpa"
+
+
+def _use_flash(q: Tensor) -> bool:
+    return flash_available() and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256
 
 
 class Attention(nn.Module):
@@ -190,6 +208,11 @@ class Attention(nn.Module):
         q, k, v = self.project(x, cos, sin)
         if on_kv is not None:
             on_kv(k, v)
+        if _use_flash(q):  # (B, T, H, hd) layout; window (W-1 earlier keys, 0 later) = ours
+            left = -1 if self.window is None or self.window >= T else self.window - 1
+            a = _flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=True,
+                                 window_size=(left, 0))
+            return self.out(a.reshape(B, T, D))
         if self.window is None or self.window >= T:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:

@@ -1,0 +1,199 @@
+"""Reading a prepared corpus (written by ``rltok data prepare``) without loading it into memory.
+
+Layout of a prepared directory ``DIR``::
+
+    DIR/manifest.json              written last: format, source, filter, split, counts, files (size, sha256)
+    DIR/shards/shard-00000.u8 ...  raw document bytes back to back; a document never straddles shards
+    DIR/doc_start.npy              int64: global byte offset of each kept document (source order)
+    DIR/doc_length.npy             int64: its length in bytes
+    DIR/doc_key.npy                uint64: its keyed hash (the split order and the duplicate check)
+    DIR/split_train.npy            int64: document numbers of each split; train in source order,
+    DIR/split_val.npy              validation and test in key order (exactly the rule of
+    DIR/split_test.npy             ``data.corpus.split_corpus``)
+
+The shards are memory-mapped; a :class:`PreparedCorpus` is a view (start, length) over them, so
+opening a split costs a few index arrays, and each data-parallel rank touches only the bytes of
+the documents its sequences come from.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import RltokError
+from .corpus import Splits
+
+FORMAT = "rltok-prepared-v1"
+MANIFEST = "manifest.json"
+SPLITS = ("train", "val", "test")
+
+
+class ShardedBytes:
+    """Read-only uint8 "array" over several memory-mapped shard files, addressed by global
+    offset. Supports what the corpus readers use: ``len``, slices inside one shard (a document)
+    and integer-array indexing (the stream packer's gathers)."""
+
+    dtype = np.dtype(np.uint8)
+
+    def __init__(self, paths: list[Path], sizes: list[int]):
+        self.paths = [Path(p) for p in paths]
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        self.bounds = np.zeros(len(sizes) + 1, dtype=np.int64)
+        np.cumsum(self.sizes, out=self.bounds[1:])
+        self._maps: list[np.ndarray | None] = [None] * len(self.paths)
+
+    def _shard(self, k: int) -> np.ndarray:
+        m = self._maps[k]
+        if m is None:
+            if self.sizes[k] == 0:
+                m = np.zeros(0, dtype=np.uint8)
+            else:
+                m = np.memmap(self.paths[k], dtype=np.uint8, mode="r", shape=(int(self.sizes[k]),))
+            self._maps[k] = m
+        return m
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, key):
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step != 1:
+                return self[np.arange(start, stop, step, dtype=np.int64)]
+            if stop <= start:
+                return np.zeros(0, dtype=np.uint8)
+            k = int(np.searchsorted(self.bounds, start, side="right") - 1)
+            if stop <= self.bounds[k + 1]:  # the usual case: one document, one shard
+                return self._shard(k)[start - self.bounds[k]:stop - self.bounds[k]]
+            return self[np.arange(start, stop, dtype=np.int64)]
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (len(self) if key < 0 else 0)
+            k = int(np.searchsorted(self.bounds, i, side="right") - 1)
+            return self._shard(k)[i - self.bounds[k]]
+        idx = np.asarray(key, dtype=np.int64)
+        out = np.empty(idx.shape, dtype=np.uint8)
+        if idx.size == 0:
+            return out
+        which = np.searchsorted(self.bounds, idx, side="right") - 1
+        for k in np.unique(which):
+            sel = which == k
+            out[sel] = self._shard(int(k))[idx[sel] - self.bounds[k]]
+        return out
+
+
+@dataclass
+class PreparedCorpus:
+    """Documents as (start, length) views into shared storage; the same reading interface as
+    :class:`~rltok.data.corpus.Corpus` (``doc``, ``doc_bytes``, ``starts``, ``lengths``)."""
+
+    data: Any  # ShardedBytes or any uint8 array
+    starts: np.ndarray  # int64 (n_docs,)
+    lengths_: np.ndarray  # int64 (n_docs,)
+    name: str = ""
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def doc(self, i: int) -> np.ndarray:
+        s = int(self.starts[i])
+        return self.data[s:s + int(self.lengths_[i])]
+
+    def doc_bytes(self, i: int) -> bytes:
+        return bytes(self.doc(i))
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.lengths_
+
+    @property
+    def total_bytes(self) -> int:
+        return int(self.lengths_.sum())
+
+    def subset(self, index: np.ndarray) -> "PreparedCorpus":
+        index = np.asarray(index, dtype=np.int64)
+        return PreparedCorpus(self.data, self.starts[index], self.lengths_[index], self.name)
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    d = Path(path).expanduser()
+    man = d / MANIFEST
+    try:
+        m = json.loads(man.read_text())
+    except FileNotFoundError:
+        raise RltokError(f"{d}: not a prepared corpus (no {MANIFEST}); create one with "
+                         f"`rltok data prepare SOURCE --out {d}`") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
+        raise RltokError(f"{man}: unreadable manifest ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("files"), dict):
+        raise RltokError(f"{man}: not an rltok prepared-corpus manifest (format {FORMAT})")
+    return m
+
+
+def _check_sizes(d: Path, manifest: dict[str, Any]) -> None:
+    for name, info in manifest["files"].items():
+        f = d / name
+        if not f.is_file():
+            raise RltokError(f"{d}: prepared corpus is missing {name}")
+        if f.stat().st_size != info["size"]:
+            raise RltokError(f"{f}: size {f.stat().st_size} differs from the manifest's {info['size']} "
+                             f"(truncated or modified; prepare it again)")
+
+
+def _load_index(d: Path, name: str) -> np.ndarray:
+    try:
+        return np.load(d / name, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise RltokError(f"{d / name}: unreadable index ({e})") from None
+
+
+def open_all(path: str | Path) -> PreparedCorpus:
+    """Every kept document of a prepared corpus, in source order (all splits together)."""
+    d = Path(path).expanduser()
+    manifest = read_manifest(d)
+    _check_sizes(d, manifest)
+    shards = manifest["shards"]
+    data = ShardedBytes([d / s["path"] for s in shards], [s["size"] for s in shards])
+    starts = np.asarray(_load_index(d, "doc_start.npy"), dtype=np.int64)
+    lengths = np.asarray(_load_index(d, "doc_length.npy"), dtype=np.int64)
+    return PreparedCorpus(data, starts, lengths, name=str(d))
+
+
+def open_prepared(path: str | Path) -> Splits:
+    """Train/validation/test splits of a prepared corpus, memory-mapped (nothing is read until a
+    document is)."""
+    d = Path(path).expanduser()
+    every = open_all(d)
+    parts = {s: every.subset(np.asarray(_load_index(d, f"split_{s}.npy"), dtype=np.int64)) for s in SPLITS}
+    return Splits(**parts)
+
+
+def verify_prepared(path: str | Path, progress: bool = False) -> dict[str, Any]:
+    """Check every file against the manifest (size and sha256). Returns the manifest."""
+    from ..checkpoint import sha256_file
+
+    d = Path(path).expanduser()
+    manifest = read_manifest(d)
+    _check_sizes(d, manifest)
+    items = sorted(manifest["files"].items())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=sum(i["size"] for _, i in items), unit="B", unit_scale=True, desc="verify")
+    for name, info in items:
+        if sha256_file(d / name) != info["sha256"]:
+            raise RltokError(f"{d / name}: sha256 differs from the manifest (corrupted)")
+        if bar is not None:
+            bar.update(info["size"])
+    if bar is not None:
+        bar.close()
+    return manifest
