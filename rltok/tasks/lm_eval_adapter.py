@@ -105,23 +105,13 @@ class RltokLM(LM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         try:
-            from ..generate import generate
+            from ..generate import generate_until
         except ImportError:
             raise NotImplementedError("rltok: generate_until needs rltok.generate (generation is not "
                                       "in this build)") from None
-        out = []
-        for r in requests:
-            context, kw = r.args[0], dict(r.args[1] or {})
-            until = kw.pop("until", None) or []
-            until = [until] if isinstance(until, str) else list(until)
-            n = int(kw.pop("max_gen_toks", 256))
-            temperature = float(kw.pop("temperature", 0.0))
-            text = generate(self.model, [context], n, temperature=temperature, stop=until or None)[0]
-            text = text.decode("utf-8", errors="replace") if isinstance(text, (bytes, bytearray)) else str(text)
-            for s in until:  # lm-eval expects the text cut before the first stop string
-                if s and s in text:
-                    text = text[:text.index(s)]
-            out.append(text)
+        args = [(r.args[0], dict(r.args[1] or {})) for r in requests]
+        out = generate_until(self.model, args, batch_size=self.batch_size, seed=self.seed)
+        for r, text in zip(requests, out):
             self.cache_hook.add_partial("generate_until", r.args, text)
         return out
 
