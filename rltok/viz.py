@@ -171,6 +171,9 @@ def candidate_fonts() -> tuple[str, ...]:
     regular = [p for p in rest if "regular" in Path(p).name.lower()]
     out = []
     for p in env + ordered + regular + rest:
+        # matplotlib's LastResort font "has" every code point, as a placeholder box: not a glyph
+        if "lastresort" in Path(p).name.lower():
+            continue
         if p not in out and p.lower().endswith((".ttf", ".otf", ".ttc")):
             out.append(p)
     return tuple(out)

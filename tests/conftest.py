@@ -72,6 +72,8 @@ def smoke_runs(tmp_path_factory) -> dict[str, Path]:
     from rltok.train import train
 
     tmp = tmp_path_factory.mktemp("smoke_runs")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, and immune to a busy machine
     data = tmp / "docs.jsonl"
     data.write_text("".join(_json.dumps({"text": t}) + "\n" for t in _docstring_texts() * 2))
     runs = {}
@@ -80,4 +82,15 @@ def smoke_runs(tmp_path_factory) -> dict[str, Path]:
                                                              "train.max_steps": 8})
         train(cfg, tmp / method, progress=False)
         runs[method] = tmp / method
+    torch.set_num_threads(threads)
     return runs
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread (smoke-size models gain nothing from more, and threads
+    oversubscribed on a shared machine slow them down many times)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -21,6 +21,8 @@ from rltok.tasks.lm_eval_adapter import RltokLM  # noqa: E402
 from rltok.tasks.scoring import Request, score_requests  # noqa: E402
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 def _instances(items, task):
     return [Instance(request_type="loglikelihood", doc={}, arguments=(it.context, c), idx=j,
                      metadata=(task, i, 1))

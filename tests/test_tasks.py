@@ -23,6 +23,8 @@ from rltok.tasks.formats import (TaskItem, hellaswag_item, hellaswag_preprocess,
 from rltok.tasks.scoring import Request, RequestScore, request_noise, rolling_requests, score_requests
 
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 # -- formats and readers --------------------------------------------------------------------------
 
 def test_piqa_official_files_in_lm_eval_format():

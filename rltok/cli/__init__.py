@@ -78,3 +78,19 @@ def positive_int(text: str) -> int:
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return v
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="CPU threads for torch (0 = torch's default). On a machine shared with other "
+                        "jobs, 1 avoids the large slowdown of oversubscribed threads")
+
+
+def apply_threads(args) -> None:
+    n = getattr(args, "threads", 0) or 0
+    if n < 0:
+        raise RltokError(f"--threads {n} must be >= 0")
+    if n:
+        import torch
+
+        torch.set_num_threads(n)

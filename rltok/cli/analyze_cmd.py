@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from . import positive_int
+from . import add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -39,6 +39,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: each run's training dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
@@ -51,6 +52,7 @@ def _label(path: str, seen: set) -> str:
 
 
 def run(args) -> int:
+    apply_threads(args)
     from ..analysis import boundary_stats, cross_language, disparity, read_udhr, run_bpe, udhr_table
     from ..bpe import load_tokenizer
     from ..data import load_splits

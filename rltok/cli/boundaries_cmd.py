@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import add_threads_arg, apply_threads
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -27,10 +29,12 @@ def register(sub) -> None:
     p.add_argument("--sep", default="|", help="chunk delimiter in the terminal")
     p.add_argument("--device", default="cpu")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint instead of the final weights")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    apply_threads(args)
     import numpy as np
 
     from ..analysis import segment_docs

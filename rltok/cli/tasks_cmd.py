@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import positive_int
+from . import add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -39,10 +39,12 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--per-item", action="store_true", help="include per-item scores in the JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_threads_arg(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    apply_threads(args)
     from ..errors import RltokError
     from ..run import load_model
     from ..tasks import evaluate_tasks, load_task
