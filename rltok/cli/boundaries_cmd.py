@@ -27,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of a sample")
     p.add_argument("--seed", type=int, default=0, help="seed of the boundary sample")
     p.add_argument("--sep", default="|", help="chunk delimiter in the terminal")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint instead of the final weights")
     add_threads_arg(p)
     p.set_defaults(func=run)
