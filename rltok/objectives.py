@@ -38,6 +38,7 @@ class ScoreOutput:
     nll: Tensor  # (B, S) float32 nats; 0 where there is no target
     boundaries: Tensor | None = None  # (B, S) bool, None for models without chunks
     probs: Tensor | None = None  # (B, S) boundary probabilities, when the method has them
+    correct: Tensor | None = None  # (B, S) bool: the target is the most likely next id (greedy)
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -123,7 +124,8 @@ def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode
                boundaries: Tensor | None = None) -> ScoreOutput:
     out = model(batch.ids, noise=noise, mode=mode, boundaries=boundaries)
     nll = per_position_ce(out.logits, batch.targets)
-    return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs)
+    correct = out.logits.argmax(-1) == batch.targets
+    return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs, correct=correct)
 
 
 # -- registry ------------------------------------------------------------------------------------

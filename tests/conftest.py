@@ -47,3 +47,50 @@ def small_corpus_file(tmp_path) -> Path:
         for t in texts * 3:
             f.write(json.dumps({"text": t}) + "\n")
     return path
+
+
+def _docstring_texts() -> list[str]:
+    import json as _json
+    import textwrap
+    import unittest
+
+    texts = []
+    for mod in (_json, textwrap, unittest, os, torch.nn.functional):
+        for para in (mod.__doc__ or "").strip().split("\n\n"):
+            if len(para) > 40:
+                texts.append(para)
+    return texts
+
+
+@pytest.fixture(scope="session")
+def smoke_runs(tmp_path_factory) -> dict[str, Path]:
+    """Trained smoke-size runs {"rl": dir, "uniform": dir} on real English (docstrings), shared
+    by the evaluation, analysis and visualisation tests (a few seconds each)."""
+    import json as _json
+
+    from rltok.config import build_config
+    from rltok.train import train
+
+    tmp = tmp_path_factory.mktemp("smoke_runs")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster, and immune to a busy machine
+    data = tmp / "docs.jsonl"
+    data.write_text("".join(_json.dumps({"text": t}) + "\n" for t in _docstring_texts() * 2))
+    runs = {}
+    for method in ("rl", "uniform"):
+        cfg = build_config(method, "smoke", overrides={"data.source": str(data), "train.eval_docs": 2,
+                                                             "train.max_steps": 8})
+        train(cfg, tmp / method, progress=False)
+        runs[method] = tmp / method
+    torch.set_num_threads(threads)
+    return runs
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test on one torch thread (smoke-size models gain nothing from more, and threads
+    oversubscribed on a shared machine slow them down many times)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

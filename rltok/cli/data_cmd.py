@@ -1,4 +1,4 @@
-"""rltok data: prepare and check training corpora.
+"""rltok data: prepare and check training corpora, fetch evaluation data.
 
 Each action is a small ``_add_<action>(actions)`` function listed in ``ACTIONS``; adding one is a
 function and a line.
@@ -91,12 +91,19 @@ def _run_verify(args) -> int:
     return 0
 
 
-ACTIONS = (_add_prepare, _add_verify)
+def _add_fetch_evals(actions) -> None:
+    from ..tasks.fetch import register_cli
+
+    register_cli(actions)
+
+
+ACTIONS = (_add_prepare, _add_verify, _add_fetch_evals)
 
 
 def register(sub) -> None:
-    p = sub.add_parser("data", help="prepare and check training corpora",
-                       description="Data at scale: prepare corpora into memory-mapped shards.")
+    p = sub.add_parser("data", help="prepare and check training corpora; fetch evaluation data",
+                       description="Data at scale: prepare corpora into memory-mapped shards, verify them, "
+                                   "fetch the downstream evaluation sets.")
     actions = p.add_subparsers(dest="data_action", metavar="ACTION")
     for add in ACTIONS:
         add(actions)

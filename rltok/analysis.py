@@ -1,0 +1,306 @@
+"""Boundary analysis: what a run's chunks look like, and what they cost across languages.
+
+``boundary_stats(model, docs, bpe=...)`` on documents of any source:
+
+* ``rate``: chunk ends per byte (each scored piece's last byte counts as an end, as the paper's
+  rate counts the forced end); ``mean_chunk_bytes``; ``chunk_hist``: chunks of 1, 2, ..., ``max_len``
+  (and longer, in the last bin) bytes;
+* whitespace recall (whitespace bytes that end a chunk / whitespace bytes) and precision (chunk
+  ends on whitespace / chunk ends);
+* precision, recall and F1 against BPE boundaries in the convention of BPE guidance (spec 4.4:
+  byte i ends a chunk iff a BPE token starts at byte i + 1, i.e. "word + following space");
+* ``entropy_bits``: the mean binary entropy of the boundary decisions, in bits (0 for a
+  deterministic method, H(r*) for Uniform);
+* ``bpb`` on the same bytes.
+
+Documents are cut into pieces of ``seq_len - 1`` bytes, each read as BOS + piece through
+:func:`rltok.tasks.scoring.score_requests` (so every decision is the method's own: see there).
+The last byte of a piece is left out of the whitespace, BPE and entropy statistics (it always ends
+a chunk).
+
+``cross_language(...)`` on the UDHR (the same text in 37 languages and scripts): bytes per chunk
+and chunks per whitespace word for learned boundaries, BPE tokens per word, and each cost
+relative to English. A frozen vocabulary makes the same content cost more tokens in some
+languages; a learned tokenizer's chunks show whether it inherits that disparity.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from torch import nn
+
+from .errors import RltokError
+from .objectives import WHITESPACE
+
+HIST_MAX = 24
+
+
+def prf(pred: np.ndarray, ref: np.ndarray) -> tuple[float, float, float]:
+    """Precision, recall and F1 of boolean ``pred`` against ``ref`` (NaN when undefined)."""
+    pred, ref = np.asarray(pred, bool), np.asarray(ref, bool)
+    tp = float((pred & ref).sum())
+    p = tp / pred.sum() if pred.sum() else float("nan")
+    r = tp / ref.sum() if ref.sum() else float("nan")
+    f = 2 * p * r / (p + r) if (p + r) > 0 else (0.0 if pred.sum() and ref.sum() else float("nan"))
+    return p, r, f
+
+
+def binary_entropy_bits(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), 1e-12, 1 - 1e-12)
+    return -(p * np.log2(p) + (1 - p) * np.log2(1 - p))
+
+
+def chunk_lengths(ends: np.ndarray) -> np.ndarray:
+    """Lengths of the chunks given chunk ends (the last byte always ends one)."""
+    ends = np.asarray(ends, bool).copy()
+    if len(ends) == 0:
+        return np.zeros(0, dtype=np.int64)
+    ends[-1] = True
+    pos = np.flatnonzero(ends)
+    return np.diff(np.concatenate([[-1], pos]))
+
+
+@dataclass
+class BoundaryStats:
+    docs: int
+    bytes: int
+    chunks: int
+    rate: float
+    mean_chunk_bytes: float
+    whitespace_recall: float
+    whitespace_precision: float
+    bpe_precision: float
+    bpe_recall: float
+    bpe_f1: float
+    entropy_bits: float
+    bpb: float
+    chunk_hist: list[int] = field(default_factory=list)  # index k: chunks of k+1 bytes; last bin: longer too
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def pieces_of(docs: Sequence[bytes], size: int) -> list[bytes]:
+    return [d[i:i + size] for d in docs for i in range(0, len(d), size) if d[i:i + size]]
+
+
+def segment_docs(model: nn.Module, docs: Sequence[bytes], *, seed: int = 0, mode: str = "sample",
+                 batch_size: int = 16, dtype: str = "fp32", progress: bool | str = False):
+    """Pieces of the documents with their per-byte scores (boundaries, probabilities, log-probs)."""
+    from .tasks.scoring import Request, model_seq_len, score_requests
+
+    pieces = pieces_of(docs, model_seq_len(model) - 1)
+    res = score_requests(model, [Request(b"", p) for p in pieces], seed=seed, mode=mode,
+                         batch_size=batch_size, dtype=dtype, details=True, progress=progress)
+    return pieces, res
+
+
+def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_max: int = HIST_MAX,
+                   **kw) -> BoundaryStats:
+    from .bpe import bpe_boundaries
+
+    pieces, res = segment_docs(model, docs, **kw)
+    n_bytes = n_chunks = 0
+    nll = 0.0
+    hist = np.zeros(hist_max, dtype=np.int64)
+    pred_all, ws_all, bpe_all, ent = [], [], [], []
+    for piece, r in zip(pieces, res):
+        if r.boundaries is None:
+            raise RltokError("this model has no chunk boundaries to analyze")
+        ends = r.boundaries.copy()
+        ends[-1] = True
+        lens = chunk_lengths(ends)
+        hist += np.bincount(np.minimum(lens, hist_max) - 1, minlength=hist_max)
+        n_bytes += len(piece)
+        n_chunks += len(lens)
+        nll += r.nll
+        arr = np.frombuffer(piece, dtype=np.uint8)
+        dec = slice(0, len(piece) - 1)
+        pred_all.append(ends[dec])
+        ws_all.append(np.isin(arr, WHITESPACE)[dec])
+        if bpe is not None:
+            bpe_all.append(bpe_boundaries(bpe, piece)[dec])
+        if r.probs is not None:
+            ent.append(binary_entropy_bits(r.probs[dec]))
+    pred = np.concatenate(pred_all) if pred_all else np.zeros(0, bool)
+    ws = np.concatenate(ws_all) if ws_all else np.zeros(0, bool)
+    wp, wr, _ = prf(pred, ws)
+    bp = br = bf = float("nan")
+    if bpe is not None and bpe_all:
+        bp, br, bf = prf(pred, np.concatenate(bpe_all))
+    ent_all = np.concatenate(ent) if ent else np.zeros(0)
+    return BoundaryStats(
+        docs=len(docs), bytes=n_bytes, chunks=n_chunks, rate=n_chunks / max(1, n_bytes),
+        mean_chunk_bytes=n_bytes / max(1, n_chunks), whitespace_recall=wr, whitespace_precision=wp,
+        bpe_precision=bp, bpe_recall=br, bpe_f1=bf,
+        entropy_bits=float(ent_all.mean()) if len(ent_all) else float("nan"),
+        bpb=nll / (max(1, n_bytes) * math.log(2)), chunk_hist=hist.tolist())
+
+
+# -- UDHR across languages ------------------------------------------------------------------------
+
+@dataclass
+class Translation:
+    key: str  # file key, e.g. "jpn", "cmn_hans"
+    name: str  # language name
+    script: str  # ISO 15924
+    paragraphs: list[str]
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.paragraphs)
+
+
+def read_udhr(folder: str | Path, keys: Sequence[str] | None = None) -> list[Translation]:
+    """The UDHR translations (``udhr_*.xml`` of the "UDHR in Unicode" project) in a folder: the
+    titles and paragraphs of the preamble and the articles, in document order (the document title
+    and translators' notes, which differ between translations, are left out), whitespace
+    collapsed, in Unicode NFC (some files are not, and pretrained BPEs normalize to NFC)."""
+    folder = Path(folder)
+    files = sorted(folder.glob("udhr_*.xml"))
+    if not files:
+        raise RltokError(f"{folder}: no udhr_*.xml files (the UDHR in Unicode XML translations)")
+    out = []
+    for f in files:
+        key = f.stem[len("udhr_"):]
+        if keys is not None and key not in keys:
+            continue
+        try:
+            root = ET.parse(f).getroot()
+        except ET.ParseError as e:
+            raise RltokError(f"{f}:{e.position[0]}: malformed XML ({e})") from None
+        ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        paras = []
+        for section in root:
+            if section.tag not in (ns + "preamble", ns + "article"):
+                continue
+            for el in section.iter():
+                if el.tag in (ns + "title", ns + "para"):
+                    t = unicodedata.normalize("NFC", " ".join("".join(el.itertext()).split()))
+                    if t:
+                        paras.append(t)
+        if not paras:
+            raise RltokError(f"{f}: no preamble or article text")
+        out.append(Translation(key=key, name=root.get("n", key), script=root.get("iso15924", ""),
+                               paragraphs=paras))
+    if keys is not None:
+        missing = set(keys) - {t.key for t in out}
+        if missing:
+            raise RltokError(f"{folder}: no UDHR translation for {', '.join(sorted(missing))}")
+    return out
+
+
+def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | None = None,
+                   tokenizers: dict[str, object] | None = None, reference: str = "eng",
+                   progress: bool = False, **kw) -> list[dict]:
+    """One row per language: bytes, characters, whitespace words; per run, chunks, bytes per
+    chunk, chunks per word; per tokenizer, tokens, bytes per token, tokens per word; and each
+    count relative to the ``reference`` language (the same text)."""
+    from .bpe import token_lengths
+
+    models, tokenizers = models or {}, tokenizers or {}
+    rows = []
+    for i, t in enumerate(texts):
+        docs = [p.encode("utf-8") for p in t.paragraphs]
+        n_bytes = sum(len(d) for d in docs)
+        words = sum(len(p.split()) for p in t.paragraphs)
+        row: dict = {"lang": t.key, "name": t.name, "script": t.script, "bytes": n_bytes,
+                     "chars": sum(len(p) for p in t.paragraphs), "words": words}
+        for name, m in models.items():
+            # paragraphs are scored one by one (each with BOS), as documents
+            _, res = segment_docs(m, docs, progress=f"{name} {t.key}" if progress else False, **kw)
+            chunks = 0
+            for r in res:
+                e = r.boundaries.copy()
+                e[-1] = True
+                chunks += int(e.sum())
+            row[f"chunks:{name}"] = chunks
+            row[f"bytes_per_chunk:{name}"] = n_bytes / max(1, chunks)
+            row[f"chunks_per_word:{name}"] = chunks / max(1, words)
+        for name, tok in tokenizers.items():
+            n_tok = sum(len(token_lengths(tok, d)) for d in docs)
+            row[f"tokens:{name}"] = n_tok
+            row[f"bytes_per_token:{name}"] = n_bytes / max(1, n_tok)
+            row[f"tokens_per_word:{name}"] = n_tok / max(1, words)
+        rows.append(row)
+    ref = next((r for r in rows if r["lang"] == reference), None)
+    if ref is not None:
+        for r in rows:
+            r["bytes_rel"] = r["bytes"] / ref["bytes"]
+            for k in list(r):
+                if k.startswith(("chunks:", "tokens:")):
+                    r[k.split(":")[0] + "_rel:" + k.split(":", 1)[1]] = r[k] / max(1, ref[k])
+    return rows
+
+
+def udhr_table(rows: Sequence[dict], runs: Sequence[str], toks: Sequence[str]) -> str:
+    """A Markdown table of :func:`cross_language` rows."""
+    head = ["lang", "script", "bytes", "words", "bytes rel"]
+    for r in runs:
+        head += [f"{r}: bytes/chunk", f"{r}: chunks/word", f"{r}: chunks rel"]
+    for t in toks:
+        head += [f"{t}: bytes/token", f"{t}: tokens/word", f"{t}: tokens rel"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def f(x, nd=2):
+        return "-" if x is None else f"{x:.{nd}f}"
+
+    for row in rows:
+        cells = [row["lang"], row["script"], str(row["bytes"]), str(row["words"]), f(row.get("bytes_rel"))]
+        for r in runs:
+            cells += [f(row[f"bytes_per_chunk:{r}"]), f(row[f"chunks_per_word:{r}"]), f(row.get(f"chunks_rel:{r}"))]
+        for t in toks:
+            cells += [f(row[f"bytes_per_token:{t}"]), f(row[f"tokens_per_word:{t}"]), f(row.get(f"tokens_rel:{t}"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def disparity(rows: Sequence[dict], key: str) -> dict[str, float]:
+    """Spread of a relative cost across languages: max/min and the coefficient of variation."""
+    v = np.array([r[key] for r in rows if key in r], dtype=float)
+    if len(v) == 0:
+        return {"max_over_min": float("nan"), "cv": float("nan")}
+    return {"max_over_min": float(v.max() / v.min()), "cv": float(v.std() / v.mean())}
+
+
+def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
+    """A BPE trained on the run's training split, its vocabulary fitted so that its tokens per byte
+    match the run's target rate (the comparison the paper's BPE guidance makes). Cached under
+    ``$RLTOK_CACHE/bpe/`` by (data source, split, rate). Returns (tokenizer, label)."""
+    import hashlib
+    import json as _json
+    import sys
+
+    from .bpe import fit_bpe_to_rate, load_tokenizer, save_tokenizer
+    from .data import load_splits
+    from .data.builtin import cache_dir
+
+    rate = cfg.boundary.target_rate
+    key = _json.dumps({"data": cfg.data.__dict__, "rate": rate, "max_bytes": max_bytes}, sort_keys=True)
+    path = cache_dir() / "bpe" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    if path.is_file():
+        tok = load_tokenizer(path)
+    else:
+        if progress:
+            print(f"rltok: fitting a BPE to rate {rate} on the training split of {cfg.data.source} "
+                  f"(cached in {path})", file=sys.stderr)
+        train = load_splits(cfg).train
+        docs, total = [], 0
+        for i in range(len(train)):
+            d = train.doc_bytes(i)
+            docs.append(d)
+            total += len(d)
+            if total >= max_bytes:
+                break
+        tok, size, achieved = fit_bpe_to_rate(docs, rate)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tok, path, {"source": cfg.data.source, "target_rate": rate, "vocab_size": size,
+                                   "tokens_per_byte": achieved})
+    return tok, f"bpe{tok.get_vocab_size()}"

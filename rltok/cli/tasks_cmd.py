@@ -1,0 +1,85 @@
+"""rltok tasks"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import add_threads_arg, apply_threads, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "tasks", help="0-shot PIQA, HellaSwag, ARC-Easy, LAMBADA: target bits-per-byte and accuracy",
+        description="Score a run on downstream tasks, 0-shot, with prompts formatted as "
+                    "lm-evaluation-harness formats them. Per task: bits-per-byte of the gold "
+                    "continuation given the context (mean ± standard error over items; the paper's "
+                    "metric), accuracy (lowest total NLL) and acc_norm (lowest NLL per byte). The model "
+                    "reads BOS + context + continuation, left-truncated to its window. Data: the files "
+                    "`rltok data fetch-evals` stored, or the official files under --data-dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("run", help="run directory")
+    p.add_argument("--tasks", default="piqa,hellaswag,arc_easy,lambada", help="comma-separated tasks")
+    p.add_argument("--limit", type=positive_int, default=None, help="score the first N items of each task")
+    p.add_argument("--samples", type=positive_int, default=1,
+                   help="boundary samples per request (NLL averaged)")
+    p.add_argument("--data-dir", default=None,
+                   help="folder with the official files (piqa/, arc_easy/, lambada/, hellaswag/ as in "
+                        "../shared/data); default: the files stored by `rltok data fetch-evals`")
+    p.add_argument("--gold-only", action="store_true", help="score only the gold continuation (bpb, no accuracy)")
+    p.add_argument("--no-generation", action="store_true", help="skip LAMBADA's greedy-decoding accuracy")
+    p.add_argument("--greedy-boundaries", action="store_true",
+                   help="boundaries with probability > 0.5 instead of sampled (the paper samples)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the boundary samples")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="requests per forward pass")
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
+    p.add_argument("--checkpoint", default=None, help="score a checkpoint instead of the final weights")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--per-item", action="store_true", help="include per-item scores in the JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_threads_arg(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    apply_threads(args)
+    from ..errors import RltokError
+    from ..run import load_model
+    from ..tasks import evaluate_tasks, load_task
+    from ..tasks.evaluate import format_table
+    from ..tasks.formats import canonical_task
+
+    names = [canonical_task(t) for t in args.tasks.split(",") if t.strip()]
+    if not names:
+        raise RltokError("--tasks: name at least one task")
+    data = {t: load_task(t, args.data_dir, args.limit) for t in dict.fromkeys(names)}
+    model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
+    cfg = model.run_config
+    results = evaluate_tasks(model, data, samples=args.samples, seed=args.seed,
+                             mode="greedy" if args.greedy_boundaries else "sample",
+                             batch_size=args.batch_size, dtype=args.dtype or cfg.train.dtype,
+                             gold_only=args.gold_only, generation=not args.no_generation,
+                             progress=not args.no_progress and not args.json)
+    seq_len = cfg.model.seq_len
+    if args.json:
+        print(json.dumps({"run": str(args.run), "method": cfg.method, "seq_len": seq_len,
+                          "samples": args.samples, "seed": args.seed,
+                          "boundaries": "greedy" if args.greedy_boundaries else "sample",
+                          "tasks": {r.task: r.to_dict(per_item=args.per_item) for r in results}}))
+        return 0
+    print(f"{args.run} ({cfg.method}), 0-shot, {args.samples} boundary sample(s), seed {args.seed}, "
+          f"window {seq_len} bytes")
+    print(format_table(results))
+    for r in results:
+        print(f"  {r.task}: {r.source}")
+        if r.truncated:
+            print(f"  {r.task}: {r.truncated} of {r.items} contexts were longer than the model's window "
+                  f"and were left-truncated to {seq_len} bytes (BOS included)")
+        if isinstance(r.greedy_acc, str):
+            print(f"  {r.task}: greedy-decoding accuracy {r.greedy_acc}")
+    if any(r.task == "lambada" for r in results):
+        print("  lambada acc: every byte of the target word is the argmax (lm-eval's lambada_openai acc)")
+    sys.stdout.flush()
+    return 0
