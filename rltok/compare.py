@@ -63,7 +63,9 @@ def parse_variant(text: str) -> Variant:
     raw = text.strip()
     if not raw:
         raise RltokError("--methods: empty method name (check for a stray comma)")
-    body, _, tag = raw.partition("@")
+    body, at, tag = raw.partition("@")
+    if at and not tag.strip():
+        raise RltokError(f"--methods {raw!r}: empty tag after @")
     method, *items = body.split(":")
     method = method.strip()
     overrides: dict[str, str] = {}

@@ -69,14 +69,18 @@ def ema_loop(x: Tensor, p: Tensor) -> Tensor:
     return torch.stack(out, dim=1)
 
 
-def _decay_matrix(cs: Tensor) -> Tensor:
-    """W[..., i, j] = exp(cs_i - cs_j) for j <= i, else 0: the product of the decays after j up
-    to i. The masked entries are set to -inf before exp, so no overflow and exactly zero
-    gradient flows from a position to earlier ones."""
-    L = cs.shape[-1]
-    diff = cs[..., :, None] - cs[..., None, :]
-    causal = torch.ones(L, L, dtype=torch.bool, device=cs.device).tril()
-    return torch.exp(torch.where(causal, diff, torch.full_like(diff, float("-inf"))))
+def _decay_matrix(la: Tensor) -> Tensor:
+    """W[..., i, j] = prod_{k=j+1..i} a_k = exp(sum_{k=j+1..i} la_k) for j <= i, else 0, from log
+    decays la (..., L). Each segment sum is accumulated directly (not as a difference of two
+    running sums, which cancels catastrophically in float32 once the running sum is large), and
+    the entries above the diagonal are -inf before exp: no overflow, and exactly zero gradient
+    from a position to earlier ones."""
+    L = la.shape[-1]
+    x = la[..., :, None].expand(*la.shape, L)  # x[..., k, j] = la_k
+    below = torch.ones(L, L, dtype=torch.bool, device=la.device).tril(-1)
+    seg = torch.where(below, x, torch.zeros_like(x)).cumsum(-2)  # seg[i, j] = sum_{j<k<=i} la_k
+    causal = torch.ones(L, L, dtype=torch.bool, device=la.device).tril()
+    return torch.exp(torch.where(causal, seg, torch.full_like(seg, float("-inf"))))
 
 
 def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
@@ -84,8 +88,8 @@ def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
 
     Inside blocks of ``block`` chunks: y = W (p x) with W the decay matrix (a small matmul); between
     blocks: the state entering block n is the EMA over the block-end states (again a decay
-    matrix, over blocks). Every exponent is a log-decay sum <= 0, so it is stable at any length.
-    Cost O(M * block * d + (M / block)^2 * d).
+    matrix, over blocks). Every exponent is a sum of log decays <= 0, so it is stable at any
+    length. Cost O(M * block * d + (M / block)^2 * d).
     """
     with torch.autocast(device_type=x.device.type, enabled=False):
         B, M, d = x.shape
@@ -98,16 +102,12 @@ def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
             pf = F.pad(pf, (0, pad), value=0.5)
         la = torch.log1p(-pf).view(B, nb, L)  # log decay per chunk
         u = (pf[..., None] * xf).view(B, nb, L, d)
-        cs = la.cumsum(-1)  # (B, nb, L)
-        local = _decay_matrix(cs) @ u  # EMA inside each block from a zero state
-        # state at the end of block n (from zero) and the decay across all of block n
-        end = local[:, :, -1]  # (B, nb, d)
-        block_cs = cs[:, :, -1].cumsum(-1)  # (B, nb)
-        # state entering block n = sum_{m<n} exp(block_cs_{n-1} - block_cs_m) end_m
-        Wb = _decay_matrix(block_cs)  # Wb[n, m] = exp(block_cs_n - block_cs_m), m <= n
-        after = Wb @ end  # state at the end of block n
+        local = _decay_matrix(la) @ u  # EMA inside each block, from a zero state
+        end = local[:, :, -1]  # (B, nb, d): state at the end of block n, from zero
+        # state at the end of block n: after_n = sum_{m<=n} (decay of blocks m+1..n) end_m
+        after = _decay_matrix(la.sum(-1)) @ end
         entering = F.pad(after, (0, 0, 1, 0))[:, :-1]  # state entering block n
-        y = local + torch.exp(cs)[..., None] * entering[:, :, None, :]
+        y = local + torch.exp(la.cumsum(-1))[..., None] * entering[:, :, None, :]
         return y.reshape(B, nb * L, d)[:, :M]
 
 
