@@ -185,6 +185,7 @@ def test_bytes_model_matches_unet_params(preset):
     n = sum(p.numel() for p in model.parameters())
     assert n == pytest.approx(reference_unet_params(cfg), rel=2e-3)
     assert model.family == "bytes"
+    assert model.window is None  # full attention: the presets' boundary.window is the rl policy's
 
 
 def test_bytes_model_is_causal():

@@ -25,11 +25,13 @@ from .base import MethodSpec, register
 class BytesConfig(BoundaryConfig):
     n_layers: int = 0  # 0: chosen to match the U-Net's parameter count
     mlp_hidden: int = 0  # 0: chosen (with n_layers) to match the parameter count exactly
-    window: int = 0  # attention window in bytes; 0 = full causal attention
+    # attention window in bytes; 0 = full causal attention. (Not named ``window``: presets set
+    # boundary.window for the rl policy, and that must not reach this model.)
+    attn_window: int = 0
 
     def validate(self) -> None:
         super().validate()
-        for k in ("n_layers", "mlp_hidden", "window"):
+        for k in ("n_layers", "mlp_hidden", "attn_window"):
             if getattr(self, k) < 0:
                 raise RltokError(f"boundary.{k} must be >= 0")
 
@@ -57,7 +59,7 @@ def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
     layers, hidden = size_bytes_model(cfg)
     m = cfg.model
     return ByteLM(N_INPUT_IDS, N_OUTPUT_IDS, m.d_model, m.n_heads, layers, hidden,
-                  cfg.boundary.window or None, m.rope_theta, m.norm_eps)
+                  cfg.boundary.attn_window or None, m.rope_theta, m.norm_eps)
 
 
 def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
