@@ -35,6 +35,33 @@ def _positions(b: torch.Tensor) -> list[int]:
     return torch.nonzero(b[0]).flatten().tolist()
 
 
+# -- uniform ------------------------------------------------------------------------------------
+
+def test_uniform_exact_counts():
+    """Exactly round(r* n) boundaries among the n valid bytes of every row (position 0 and the
+    last position forced), at positions that follow the noise."""
+    from rltok.boundaries.fixed import exact_count_boundaries
+
+    S = 100
+    lens = torch.tensor([100, 57, 10, 3])
+    valid = torch.arange(S)[None, :] < lens[:, None]
+    g = torch.Generator().manual_seed(0)
+    noise = torch.rand(4, S, generator=g)
+    b = exact_count_boundaries(noise, valid, 0.2)
+    assert (b & valid).sum(1).tolist() == [20, 11, 2, 1]
+    assert b[:, 0].all() and b[:, -1].all()  # forced (in the padding for short rows)
+    assert (b & ~valid).sum(1).tolist() == [0, 1, 1, 1]  # nothing else in the padding
+    # the decided boundaries of a full row are the 18 largest noise values among positions 1..98
+    top = set((torch.topk(noise[0, 1:-1], 18).indices + 1).tolist())
+    assert set(torch.nonzero(b[0, 1:-1]).flatten().add(1).tolist()) == top
+    b2 = exact_count_boundaries(torch.rand(4, S, generator=g), valid, 0.2)
+    assert not torch.equal(b, b2) and torch.equal(b2.sum(1), b.sum(1))  # redrawn, same counts
+    cfg = build_config("uniform", "smoke")
+    mod = get_method("uniform").build(cfg, None).boundary
+    out = mod(None, torch.zeros(4, S, dtype=torch.long), valid=valid, noise=noise)
+    assert torch.equal(out.b, b)
+
+
 # -- stride -------------------------------------------------------------------------------------
 
 def test_stride_every_fifth_position():

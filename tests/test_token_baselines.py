@@ -165,6 +165,16 @@ def test_bpe_lm_stream_window(hello_tok):
     assert tb.inputs[0, 0].item() != model.bos_id  # the partial first token is the first input
 
 
+def test_token_lm_is_causal_over_tokens():
+    torch.manual_seed(0)
+    model = TokenLM(300, 16, 2, 2, 32, 0.2).eval()
+    ids = torch.randint(0, 300, (2, 30))
+    base = model(ids)
+    ids2 = ids.clone()
+    ids2[:, 11:] = torch.randint(0, 300, (2, 19))
+    torch.testing.assert_close(model(ids2)[:, :11], base[:, :11], atol=1e-5, rtol=1e-5)
+
+
 def test_bpe_lm_matches_unet_flops(tmp_path, hello_tok):
     cfg = build_config("bpe-lm", "tiny", overrides={"boundary.token_rate": 0.25})
     bpe_lib.save_tokenizer(hello_tok, tmp_path / "tokenizer.json")

@@ -23,13 +23,17 @@ from .base import BoundaryModule, BoundaryOutput, MethodSpec, register, unet_bui
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
-    """b with exactly max(2, round(rate * n_valid)) ones per row: the forced ends plus the
-    positions with the largest noise among the remaining valid ones."""
+    """b with exactly max(2, round(rate * n)) ones among the n valid positions of a full row (the
+    forced ends plus the largest noise values among the other valid positions). In a padded row
+    (valid is a prefix) the forced last position lies in the padding, so the valid positions get
+    max(1, round(rate * n)) ones, position 0 included, and the padding position S-1 one more."""
     B, S = noise.shape
     forced = forced_mask((B, S), noise.device)
     n = valid.sum(1)
-    k = torch.clamp(torch.round(rate * n.float()).long(), min=2)
-    k = torch.minimum(k, n + 1)  # a padded row also forces position S-1
+    padded = n < S
+    k = torch.round(rate * n.float()).long()
+    k = torch.where(padded, k.clamp(min=1), k.clamp(min=2))
+    k = torch.minimum(k, n) + padded.long()
     score = torch.where(valid, noise.float(), torch.full_like(noise, -1.0, dtype=torch.float))
     score = torch.where(forced, torch.full_like(score, 2.0), score)
     ranked, _ = score.sort(dim=1, descending=True)
