@@ -152,11 +152,12 @@ def _base_overrides(spec: CompareSpec, seed: int) -> dict[str, Any]:
 
 
 def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference: Path | None) -> RunConfig:
-    from .config import apply_overrides
+    from .config import _split_kv, apply_overrides, resolve_key
 
     try:
         cfg = build_config(v.method, spec.preset, spec.recipe, _base_overrides(spec, seed))
-        apply_overrides(cfg, spec.overrides)
+        # --set applies to every method that has the key (plan() rejects keys that none has)
+        apply_overrides(cfg, [s for s in spec.overrides if resolve_key(cfg, _split_kv(s)[0]) is not None])
         # the comparison's reference BPE is the tokenizer of bpe and bpe-lm unless the variant says otherwise
         if (bpe_reference is not None and hasattr(cfg.boundary, "tokenizer")
                 and not any(k.split(".")[-1] in ("tokenizer", "vocab_size") for k in v.overrides)):
@@ -170,7 +171,14 @@ def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference
 def plan(spec: CompareSpec, bpe_reference: Path | None = None) -> list[PlannedRun]:
     """Every (variant, seed) run with its resolved config, seed-major: all methods with the first
     seed come first, so an interrupted comparison has one complete seed early."""
+    from .config import _split_kv, resolve_key
+
     runs = []
+    for s in spec.overrides:
+        key = _split_kv(s)[0]
+        if not any(resolve_key(build_config(v.method, spec.preset, spec.recipe), key) for v in spec.variants):
+            raise RltokError(f"--set {s}: no compared method has a config key {key!r} "
+                             f"(see `rltok train --method NAME --list-keys`)")
     for seed in spec.seeds:
         for v in spec.variants:
             seeds = spec.seeds[: v.n_seeds] if v.n_seeds else spec.seeds

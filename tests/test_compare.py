@@ -51,6 +51,12 @@ def test_plan_resolves_overrides_and_seeds(tmp_path):
     assert rl.boundary.gamma == 1.0 and rl.boundary.scale == 0.0625 and rl.train.seed == 3
     assert rl.train.total_bytes == 1000 and runs[1].cfg.train.total_bytes == 1000
     assert runs[0].run_dir == tmp_path / "runs" / "rl_gamma=1_scale=1-16" / "seed3"
+    # --set reaches the methods that have the key, and a key no method has is refused
+    runs = plan(CompareSpec(variants=parse_variants("rl,uniform"), out=tmp_path, preset="smoke",
+                            overrides=["scale=0.5", "train.lr=1e-3"]))
+    assert runs[0].cfg.boundary.scale == 0.5 and all(r.cfg.train.lr == 1e-3 for r in runs)
+    with pytest.raises(RltokError, match="--set nonsense=2: no compared method"):
+        plan(CompareSpec(variants=parse_variants("rl"), out=tmp_path, preset="smoke", overrides=["nonsense=2"]))
     with pytest.raises(RltokError, match="rl:nonsense=1.*unknown config key"):
         plan(CompareSpec(variants=parse_variants("rl:nonsense=1"), out=tmp_path, preset="smoke"))
     with pytest.raises(RltokError, match="unknown method"):

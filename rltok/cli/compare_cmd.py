@@ -37,7 +37,7 @@ def register(sub) -> None:
     p.add_argument("--baseline", default=None,
                    help="method tag for the paired-difference column (default: uniform if compared)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config field of every method (bare names when unique)")
+                   help="override a config field in every method that has it (bare names when unique)")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="device (default: cuda if available)")
     p.add_argument("--no-train", action="store_true",
                    help="train nothing: evaluate and report the runs that are finished")
