@@ -27,7 +27,7 @@ import torch
 
 from .config import RunConfig, build_config
 from .distributed import DistInfo, resolve_device
-from .flops import boundary_matmul_params, unet_flops
+from .flops import training_flops_per_byte
 
 # Dense (no sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s: (bf16, fp32).
 # Matched as substrings of torch.cuda.get_device_name(), first match wins.
@@ -178,7 +178,7 @@ class Bench:
         nb = float(sum(float(c[0]) for c in self.counts))
         nv = float(sum(float(c[1]) for c in self.counts))
         rate = nb / max(nv, 1.0)
-        fpb = unet_flops(cfg.model, rate, boundary_matmul_params(self.model)).train
+        fpb = training_flops_per_byte(self.model, cfg, rate).per_byte
         med = statistics.median(self.times)
         bps = cfg.bytes_per_step / med
         achieved = fpb * bps

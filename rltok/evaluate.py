@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 from contextlib import nullcontext
+from typing import Callable
 
 import numpy as np
 import torch
@@ -21,9 +22,9 @@ from torch import nn
 
 from .config import PAD
 from .data.corpus import Corpus
-from .data.loader import document_batches
+from .data.loader import Batch, document_batches
 from .model.chunking import forced_mask
-from .objectives import LN2, boundary_counts, ratios, score
+from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
 
 
 @dataclass
@@ -62,7 +63,10 @@ def eval_noise(seed: int, sample: int, doc_indices, length: int) -> torch.Tensor
 @torch.no_grad()
 def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | None = None,
                     samples: int = 1, mode: str = "sample", batch_size: int = 8, seed: int = 0,
-                    dtype: str = "bf16", progress: bool = False) -> EvalResult:
+                    dtype: str = "bf16", progress: bool = False,
+                    on_batch: Callable[[np.ndarray, Batch, ScoreOutput, int], None] | None = None) -> EvalResult:
+    """``on_batch(doc_indices, batch, score_output, sample)`` sees every scored batch (e.g. to
+    collect the boundaries used)."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -85,6 +89,8 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
             with autocast_for(device, dtype):
                 out = score(model, batch, noise=noise, mode=mode)
             nll_doc[idx] += out.nll.double().sum(1).cpu().numpy() / k_samples
+            if on_batch is not None:
+                on_batch(idx, batch, out, k)
             if out.boundaries is not None:
                 valid = batch.ids != PAD
                 dec = valid & ~forced_mask(tuple(valid.shape), valid.device)

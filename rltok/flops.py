@@ -1,92 +1,129 @@
-"""Model FLOPs of the byte-level U-Net, counted analytically (for throughput, MFU, FLOP matching).
+"""Analytic training FLOPs, the one place they are counted (compare, benchmarks, model sizing).
 
-Counts the useful multiply-adds of the model (2 FLOPs each), per input byte, with chunks at a
-given rate r (chunks per byte; the achieved rate, not the padded chunk tensor):
+Convention (Kaplan et al. 2020; as the paper's code logs them): a matmul weight applied at one
+position costs 2 FLOPs forward and 4 backward, so training costs 6 x (matmul parameters) per
+position; embedding lookups and norms are free. Causal attention adds, per layer and query,
+12 x d x (keys attended): QK^T and AV are 2 d FLOPs per key each forward, tripled for backward.
+Only the keys a query may see count (what a kernel that skips masked blocks would do).
 
-* matmuls: every byte goes through the encoder and decoder blocks, both heads (final and
-  early-exit, 257 outputs each) and the boundary module's own weights; every chunk goes through
-  the main-network blocks. A block holds q/k/v/out (4 d^2) and the gated MLP (3 d h).
-* attention scores and values: 4 d per (query, key) pair actually attended: the byte layers
-  attend min(t + 1, window) keys, the main network (M = r S chunks) attends causally, (M + 1) / 2
-  keys on average. Causal masking is counted as saved work (not the PaLM "full T" convention),
-  so MFU is not flattered.
-* training = 3 x forward (the backward pass costs two forward passes).
+Per byte:
 
-Embedding lookups, norms, RoPE, softmax and the estimator's own arithmetic are not counted (they
-are not matmuls; the usual MFU convention).
+* U-Net:  6 (N_byte + r N_main) + 12 d [L_byte keys(S, window) + r L_main keys(r S)]
+  with N_byte the encoder, decoder, both heads and the boundary module, N_main the main network,
+  r the achieved rate (chunks per byte) and S the sequence length in bytes.
+* bytes:  6 N + 12 d L keys(S, window).
+* bpe-lm: r_tok [6 N + 12 d L keys(r_tok S)], N including the vocabulary head, r_tok tokens/byte.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
-from .config import N_OUTPUT_IDS, ModelConfig
+import torch
+from torch import nn
+
+from .config import RunConfig
+
+ATTN_FLOPS_PER_KEY_DIM = 12  # (QK^T + AV) x 2 FLOPs per multiply-add x 3 (forward + backward)
+
+
+def mean_causal_keys(n: float, window: int | None = None) -> float:
+    """Average number of keys per query for causal attention over n queries (each sees itself and
+    up to ``window`` - 1 earlier positions)."""
+    if n <= 0:
+        return 0.0
+    if window is None or window >= n:
+        return (n + 1) / 2
+    W = window
+    return (W * (W + 1) / 2 + (n - W) * W) / n
 
 
 @dataclass
 class FlopCount:
-    """Forward FLOPs per input byte, by part."""
+    per_byte: float  # training FLOPs per byte of data
+    matmul_per_byte: float
+    attention_per_byte: float
+    rate: float  # chunks (U-Net) or tokens (bpe-lm) per byte used; 1 for flat byte models
+    params_per_byte: int  # matmul parameters applied at every byte
+    params_per_chunk: int  # matmul parameters applied at every chunk / token
 
-    byte_matmul: float  # encoder + decoder blocks, heads, boundary module
-    chunk_matmul: float  # main network (already multiplied by the rate)
-    byte_attention: float
-    chunk_attention: float
+    def total(self, n_bytes: float) -> float:
+        return self.per_byte * n_bytes
 
-    @property
-    def forward(self) -> float:
-        return self.byte_matmul + self.chunk_matmul + self.byte_attention + self.chunk_attention
-
-    @property
-    def matmul(self) -> float:
-        return self.byte_matmul + self.chunk_matmul
-
-    @property
-    def train(self) -> float:
-        return 3.0 * self.forward
-
-    def to_dict(self) -> dict[str, float]:
-        return {**asdict(self), "forward": self.forward, "train": self.train}
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
-def block_params(d: int, hidden: int) -> int:
-    """Matmul weights of one Transformer block: q, k, v, out projections and the gated MLP."""
-    return 4 * d * d + 3 * d * hidden
+def _matmul_params(mods) -> int:
+    return sum(p.numel() for m in mods for _, p in m.named_parameters() if p.dim() >= 2)
 
 
-def mean_window_keys(seq_len: int, window: int) -> float:
-    """Mean number of keys per query under causal sliding-window attention: sum_t min(t+1, W) / S."""
-    W = min(window, seq_len)
-    total = W * (W + 1) // 2 + (seq_len - W) * W
-    return total / seq_len
+def unet_flops(model: nn.Module, cfg: RunConfig, rate: float) -> FlopCount:
+    mc = cfg.model
+    d, S = mc.d_model, mc.seq_len
+    per_byte = _matmul_params([*model.encoder, *model.decoder, model.head, model.early_head, model.boundary])
+    per_chunk = _matmul_params(list(model.main))
+    matmul = 6 * (per_byte + rate * per_chunk)
+    n_byte_layers = len(model.encoder) + len(model.decoder)
+    attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window)
+                                        + rate * len(model.main) * mean_causal_keys(rate * S))
+    return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk)
 
 
-def unet_flops(cfg: ModelConfig, rate: float, boundary_params: int = 0) -> FlopCount:
-    """Forward FLOPs per byte of a ByteUNet with ``cfg`` at ``rate`` chunks per byte.
-
-    ``boundary_params``: matmul weights the boundary module applies at every byte (the ``rl``
-    policy: d x w)."""
-    d, S = cfg.d_model, cfg.seq_len
-    hb = max(1, int(round(d * cfg.byte_mlp_ratio)))
-    hm = max(1, int(round(d * cfg.main_mlp_ratio)))
-    n_byte = cfg.enc_layers + cfg.dec_layers
-    per_byte_params = n_byte * block_params(d, hb) + 2 * d * N_OUTPUT_IDS + boundary_params
-    M = max(1.0, rate * S)
-    return FlopCount(
-        byte_matmul=2.0 * per_byte_params,
-        chunk_matmul=2.0 * rate * cfg.main_layers * block_params(d, hm),
-        byte_attention=n_byte * 4.0 * d * mean_window_keys(S, cfg.window),
-        chunk_attention=rate * cfg.main_layers * 4.0 * d * (M + 1) / 2,
-    )
+def flat_flops(model: nn.Module, seq_len: int, token_rate: float | None = None) -> FlopCount:
+    """A FlatLM over bytes (``token_rate`` None) or over tokens, ``token_rate`` per byte."""
+    n = _matmul_params([*model.blocks, model.head])
+    rate = 1.0 if token_rate is None else token_rate
+    keys = mean_causal_keys(rate * seq_len, model.window)
+    matmul = rate * 6 * n
+    attn = rate * ATTN_FLOPS_PER_KEY_DIM * model.d_model * len(model.blocks) * keys
+    if token_rate is None:
+        return FlopCount(matmul + attn, matmul, attn, rate, n, 0)
+    return FlopCount(matmul + attn, matmul, attn, rate, 0, n)
 
 
-def train_flops_per_byte(cfg: ModelConfig, rate: float, boundary_params: int = 0) -> float:
-    """Training FLOPs per byte (forward + backward) at ``rate`` chunks per byte."""
-    return unet_flops(cfg, rate, boundary_params).train
+def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None = None) -> FlopCount:
+    """FLOPs per training byte of a built model. ``rate``: achieved chunks (or tokens) per byte;
+    default: the target rate (U-Net) or the tokenizer's measured rate (bpe-lm)."""
+    fam = getattr(model, "family", "unet")
+    if fam == "unet":
+        return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate)
+    if fam == "bpe-lm":
+        return flat_flops(model, cfg.model.seq_len, model.token_rate if rate is None else rate)
+    return flat_flops(model, cfg.model.seq_len)
 
 
-def boundary_matmul_params(model) -> int:
-    """Matmul weights (2-D parameters) of a model's boundary module; 0 if it has none."""
-    mod = getattr(model, "boundary", None)
-    if mod is None:
-        return 0
-    return sum(p.numel() for p in mod.parameters() if p.dim() >= 2)
+def reference_unet(cfg: RunConfig) -> nn.Module:
+    """The U-Net of this model config with parameter-free boundaries, on the meta device (no
+    memory): the reference that ``bytes`` matches in parameters and ``bpe-lm`` in FLOPs."""
+    from .boundaries.fixed import UniformBoundaries
+    from .config import BoundaryConfig
+    from .model.unet import ByteUNet
+
+    with torch.device("meta"):
+        return ByteUNet(cfg.model, UniformBoundaries(cfg.model, BoundaryConfig(target_rate=cfg.boundary.target_rate)))
+
+
+def reference_unet_flops(cfg: RunConfig) -> FlopCount:
+    return unet_flops(reference_unet(cfg), cfg, cfg.boundary.target_rate)
+
+
+def reference_unet_params(cfg: RunConfig) -> int:
+    return sum(p.numel() for p in reference_unet(cfg).parameters())
+
+
+def solve_hidden(budget: float, fixed: float, per_hidden: float, lo: int = 1) -> int:
+    """The integer MLP width h >= lo with fixed + per_hidden * h closest to budget."""
+    if per_hidden <= 0:
+        return lo
+    return max(lo, int(round((budget - fixed) / per_hidden)))
+
+
+def format_flops(x: float) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= scale:
+            return f"{x / scale:.3g}{unit}"
+    return f"{x:.3g}"

@@ -11,16 +11,17 @@ from rltok.bench import datasheet_peak, measure_matmul_peak
 from rltok.boundaries import get_method
 from rltok.cli import main
 from rltok.config import build_config
-from rltok.flops import block_params, mean_window_keys, train_flops_per_byte, unet_flops
+from rltok.flops import mean_causal_keys, reference_unet, training_flops_per_byte
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_mean_window_keys_hand_worked():
     # S = 7, W = 4: queries see 1, 2, 3, 4, 4, 4, 4 keys
-    assert mean_window_keys(7, 4) == pytest.approx(22 / 7)
-    assert mean_window_keys(5, 64) == pytest.approx(3.0)  # window longer than the sequence
-    assert mean_window_keys(8, 1) == 1.0
+    assert mean_causal_keys(7, 4) == pytest.approx(22 / 7)
+    assert mean_causal_keys(5, 64) == pytest.approx(3.0)  # window longer than the sequence
+    assert mean_causal_keys(8, 1) == 1.0
+    assert mean_causal_keys(9) == pytest.approx(5.0)  # full causal: (n + 1) / 2
 
 
 def test_matmul_flops_match_torch_flop_counter():
@@ -38,21 +39,21 @@ def test_matmul_flops_match_torch_flop_counter():
     assert (out.chunks.counts == M).all() and out.chunks.max_chunks == M
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
     linear = counts.get("aten.mm", 0) + counts.get("aten.addmm", 0)
-    f = unet_flops(cfg.model, M / S)
-    assert f.matmul * B * S == pytest.approx(linear, rel=1e-9)
+    f = training_flops_per_byte(model, cfg, M / S)
+    assert f.matmul_per_byte / 3 * B * S == pytest.approx(linear, rel=1e-9)  # training = 3 x forward
 
 
 def test_paper_147m_flops_per_byte():
     """Spec section 5: about 6 x (33.5M + 0.2 x 113.3M) = 337 MFLOP per byte, ignoring attention."""
     cfg = build_config("rl", "147M")
-    d = cfg.model.d_model
-    n_byte = cfg.model.enc_layers + cfg.model.dec_layers  # 4 + 4
-    assert n_byte * block_params(d, d) + 2 * d * 257 == pytest.approx(33.5e6, rel=0.01)  # per-byte weights
-    assert 12 * block_params(d, 4 * d) == pytest.approx(113.3e6, rel=0.01)  # main network
-    f = train_flops_per_byte(cfg.model, 0.2, boundary_params=d * 8)
-    no_attention = 3 * (unet_flops(cfg.model, 0.2, d * 8).matmul)
-    assert no_attention == pytest.approx(337e6, rel=0.01)
-    assert 337e6 < f < 360e6  # attention adds a few percent at 4096 bytes
+    with torch.device("meta"):
+        model = get_method("rl").build(cfg, None)
+    f = training_flops_per_byte(model, cfg, 0.2)
+    assert f.params_per_byte == pytest.approx(33.5e6, rel=0.01)  # byte layers, heads, policy (d x 8)
+    assert f.params_per_chunk == pytest.approx(113.3e6, rel=0.01)  # main network
+    assert f.matmul_per_byte == pytest.approx(337e6, rel=0.01)
+    assert 337e6 < f.per_byte < 360e6  # attention adds a few percent at 4096 bytes
+    assert reference_unet(cfg) is not None
 
 
 def test_peaks():

@@ -11,7 +11,7 @@ import importlib
 from .base import (BoundaryModule, BoundaryOutput, LossContext, MethodSpec, get_method,
                    method_names, register)
 
-_MODULES = ("policy", "fixed")
+_MODULES = ("policy", "fixed", "nawrot", "hnet", "bpe", "bytes_lm", "bpe_lm")
 _loaded = False
 
 

@@ -8,6 +8,11 @@ Decoding: an exact count per sequence is not causal (whether byte t ends a chunk
 many later bytes there are), so ``step`` draws each boundary as Bernoulli(r*) instead: the same
 rate, a different distribution from training (``decode_matches_forward = False``). Teacher-forced
 decoding with given boundaries is exact.
+
+``stride`` (hourglass / MEGABYTE style): a boundary every 1/r* positions of the sequence window.
+
+``whitespace`` (SpaceByte's rule): a boundary at every "spacelike" byte that follows a
+non-spacelike one; no learning, no rate control (the rate is whatever the text gives).
 """
 
 from __future__ import annotations
@@ -23,13 +28,17 @@ from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, regi
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
-    """b with exactly max(2, round(rate * n_valid)) ones per row: the forced ends plus the
-    positions with the largest noise among the remaining valid ones."""
+    """b with exactly max(2, round(rate * n)) ones among the n valid positions of a full row (the
+    forced ends plus the largest noise values among the other valid positions). In a padded row
+    (valid is a prefix) the forced last position lies in the padding, so the valid positions get
+    max(1, round(rate * n)) ones, position 0 included, and the padding position S-1 one more."""
     B, S = noise.shape
     forced = forced_mask((B, S), noise.device)
     n = valid.sum(1)
-    k = torch.clamp(torch.round(rate * n.float()).long(), min=2)
-    k = torch.minimum(k, n + 1)  # a padded row also forces position S-1
+    padded = n < S
+    k = torch.round(rate * n.float()).long()
+    k = torch.where(padded, k.clamp(min=1), k.clamp(min=2))
+    k = torch.minimum(k, n) + padded.long()
     score = torch.where(valid, noise.float(), torch.full_like(noise, -1.0, dtype=torch.float))
     score = torch.where(forced, torch.full_like(score, 2.0), score)
     ranked, _ = score.sort(dim=1, descending=True)
@@ -71,4 +80,100 @@ register(MethodSpec(
     config_cls=BoundaryConfig,
     build=unet_builder(UniformBoundaries),
     description="exactly round(r*S) boundaries at uniformly random positions (the paper's Uniform)",
+))
+
+
+def _rule_output(b: Tensor, valid: Tensor, fixed: Tensor | None) -> BoundaryOutput:
+    """BoundaryOutput for a deterministic rule: probability 1 where b is set, 0 elsewhere."""
+    B, S = b.shape
+    if fixed is not None:
+        b = fixed.bool()
+    b = force_ends(b, valid)
+    decided = valid & ~forced_mask((B, S), b.device)
+    return BoundaryOutput(hard=b.float(), decided=decided, probs=b.float())
+
+
+def stride_boundaries(shape: tuple[int, int], rate: float, device=None) -> Tensor:
+    """b[t] = 1 when floor(t * r) steps up, i.e. every 1/r positions counted from the window start
+    (for r = 0.2: t = 5, 10, 15, ...; chunks {0}, {1..5}, {6..10}, ...). A non-integer period
+    alternates between its floor and ceiling so the rate is exactly r over long windows."""
+    B, S = shape
+    t = torch.arange(S, device=device, dtype=torch.float64)
+    eps = 1e-9  # guards against r * t landing just below an integer in floating point
+    step = torch.floor(t * rate + eps) > torch.floor((t - 1) * rate + eps)
+    step[0] = True
+    return step[None, :].expand(B, S).clone()
+
+
+@dataclass
+class StrideConfig(BoundaryConfig):
+    pass
+
+
+class StrideBoundaries(BoundaryModule):
+    name = "stride"
+
+    def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
+        return _rule_output(stride_boundaries(tuple(ids.shape), self.cfg.target_rate, ids.device),
+                            valid, fixed)
+
+
+def spacelike(ids: Tensor) -> Tensor:
+    """SpaceByte's "spacelike" bytes: everything except ASCII letters and digits and UTF-8
+    continuation bytes (0x80-0xBF). A UTF-8 lead byte counts as spacelike, so in scripts written
+    without spaces every multi-byte character ends a chunk at its lead byte."""
+    digit = (ids >= 0x30) & (ids <= 0x39)
+    upper = (ids >= 0x41) & (ids <= 0x5A)
+    lower = (ids >= 0x61) & (ids <= 0x7A)
+    cont = (ids >= 0x80) & (ids <= 0xBF)
+    return ~(digit | upper | lower | cont)
+
+
+def whitespace_boundaries(ids: Tensor, rule: str = "spacebyte") -> Tensor:
+    """``spacebyte``: b[t] = 1 iff byte t is spacelike and byte t-1 is not (SpaceByte's
+    ``use_global``), so a run like ", " gives one boundary, at its first byte; BOS is always a
+    boundary. ``ascii``: b[t] = 1 at every ASCII whitespace byte (and BOS)."""
+    from ..config import BOS
+    from ..objectives import whitespace_mask
+
+    if rule == "ascii":
+        b = whitespace_mask(ids)
+    else:
+        sp = spacelike(ids)
+        b = sp.clone()
+        b[:, 1:] &= ~sp[:, :-1]
+    return b | (ids == BOS)
+
+
+@dataclass
+class WhitespaceConfig(BoundaryConfig):
+    rule: str = "spacebyte"  # spacebyte: SpaceByte's spacelike rule; ascii: every ASCII whitespace byte
+
+    def validate(self) -> None:
+        super().validate()
+        if self.rule not in ("spacebyte", "ascii"):
+            from ..errors import RltokError
+
+            raise RltokError(f"boundary.rule={self.rule!r} must be spacebyte or ascii")
+
+
+class WhitespaceBoundaries(BoundaryModule):
+    name = "whitespace"
+
+    def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
+        return _rule_output(whitespace_boundaries(ids, self.cfg.rule), valid, fixed)
+
+
+register(MethodSpec(
+    name="stride",
+    config_cls=StrideConfig,
+    build=unet_builder(StrideBoundaries),
+    description="a boundary every 1/r* bytes (hourglass / MEGABYTE fixed patches)",
+))
+
+register(MethodSpec(
+    name="whitespace",
+    config_cls=WhitespaceConfig,
+    build=unet_builder(WhitespaceBoundaries),
+    description="a boundary at each spacelike byte after a non-spacelike one (SpaceByte's rule)",
 ))

@@ -1,0 +1,251 @@
+"""``bpe-lm``: a standard Transformer LM over BPE tokens, at the U-Net's training FLOPs, scored
+in bits per byte. The comparison the paper lacks: a tokenizer-first model trained on the same
+bytes in the same order.
+
+Tokenizer: as for ``bpe`` guidance (a byte-level BPE fitted on the training split to the target
+rate, or ``boundary.tokenizer``), stored in RUN/tokenizer.json. Width: the U-Net's d_model; depth
+and MLP width are chosen at setup so that the training FLOPs per byte, counted by ``rltok.flops``
+at the tokenizer's measured tokens-per-byte (vocabulary head included), equal the U-Net's at r*
+(``size_bpe_lm``). The choice and the measured rate are written into the run's config.
+
+From bytes to tokens (``to_tokens``). A batch row holds the id stream x_0..x_S (x_0 = ids[0],
+x_{t+1} = targets[t]). It is split at BOS ids; every run of bytes is tokenized on its own; BOS is
+a token of its own. The model reads tokens 0..n-2 and predicts tokens 1..n-1: the first token is
+context only, as x_0 is for the byte models.
+
+Bits per byte. The negative log-likelihood of each predicted token is summed and divided by the
+bytes it covers (BOS, i.e. end of document, counts as one, as for the byte models). An evaluation
+document is BOS + its first seq_len bytes, so all of its bytes are covered by predicted tokens
+and the denominator is the same byte count as the byte models'. In the per-position output
+(``score``) the token's NLL sits at the target position of its *last* byte and other positions
+hold 0, so per-document sums are exact. The score is the probability of the canonical
+tokenization of those bytes, a lower bound on the probability of the bytes (an upper bound on
+their bits); a document truncated inside a word is tokenized as truncated. In training, a stream
+window that starts inside a document leaves the bytes of its first token unscored.
+
+``score`` also returns the token boundaries in the U-Net's convention (byte t ends a chunk iff a
+token starts at t, and BOS), so the rate column of a comparison is this model's tokens per byte.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from ..config import BOS, PAD, RunConfig
+from ..errors import RltokError
+from ..model.flat import FlatLM
+from .base import MethodSpec, register
+from .bpe import BpeConfig, encode_many, load_run_tokenizer, prepare_tokenizer
+
+_PLACEHOLDER_VOCAB = 512  # vocabulary of an untrained model built without a tokenizer
+
+
+@dataclass
+class BpeLMConfig(BpeConfig):
+    n_layers: int = 0  # 0: chosen to match the U-Net's training FLOPs per byte
+    mlp_hidden: int = 0  # 0: chosen (with n_layers) to match them exactly
+    token_rate: float = 0.0  # tokens per byte of the tokenizer (measured at setup); 0: target_rate
+
+    def validate(self) -> None:
+        super().validate()
+        if self.n_layers < 0 or self.mlp_hidden < 0 or self.token_rate < 0:
+            raise RltokError("boundary.n_layers, mlp_hidden and token_rate must be >= 0")
+
+
+class TokenLM(FlatLM):
+    """Flat LM over token ids 0..V-1 plus BOS = V (input and output) and PAD = V+1 (input)."""
+
+    family = "bpe-lm"
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, mlp_hidden: int,
+                 token_rate: float, tokenizer=None, rope_theta: float = 10000.0, norm_eps: float = 1e-6):
+        super().__init__(vocab + 2, vocab + 1, d_model, n_heads, n_layers, mlp_hidden, None, rope_theta, norm_eps)
+        self.vocab = vocab
+        self.bos_id, self.pad_id = vocab, vocab + 1
+        self.token_rate = token_rate
+        self.tokenizer = tokenizer
+
+    def param_groups_for_flops(self) -> tuple[int, int]:
+        n, _ = super().param_groups_for_flops()
+        return 0, n  # every matmul runs once per token
+
+
+def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int]:
+    """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
+    from ..flops import ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, solve_hidden
+
+    bc, d, S = cfg.boundary, cfg.model.d_model, cfg.model.seq_len
+    target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
+    head = 6 * d * (vocab + 1)
+    attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(token_rate * S)
+    per_layer_4d = 6 * (4 * d * d + 3 * d * 4 * d) + attn
+    layers = bc.n_layers or max(1, round((target - head) / per_layer_4d))
+    if bc.mlp_hidden:
+        return layers, bc.mlp_hidden
+    hidden = solve_hidden(target, head + layers * (6 * 4 * d * d + attn), 6 * 3 * d * layers)
+    return layers, hidden
+
+
+def _vocab_and_rate(cfg: RunConfig, tok) -> tuple[int, float]:
+    vocab = tok.get_vocab_size() if tok is not None else (cfg.boundary.vocab_size or _PLACEHOLDER_VOCAB)
+    return vocab, cfg.boundary.token_rate or cfg.boundary.target_rate
+
+
+def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
+    tok = load_run_tokenizer(cfg, run_dir)
+    vocab, rate = _vocab_and_rate(cfg, tok)
+    layers, hidden = size_bpe_lm(cfg, vocab, rate)
+    m = cfg.model
+    return TokenLM(vocab, m.d_model, m.n_heads, layers, hidden, rate, tok, m.rope_theta, m.norm_eps)
+
+
+def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
+    from ..flops import flat_flops, reference_unet_flops
+
+    info = prepare_tokenizer(cfg, train_corpus, run_dir, "bpe-lm")
+    bc = cfg.boundary
+    bc.token_rate = float(info["rate"])
+    bc.n_layers, bc.mlp_hidden = size_bpe_lm(cfg, int(info["vocab_size"]), bc.token_rate)
+    with torch.device("meta"):
+        model = _build(cfg, run_dir)
+    ours, ref = flat_flops(model, cfg.model.seq_len, bc.token_rate).per_byte, reference_unet_flops(cfg).per_byte
+    print(f"bpe-lm: {bc.n_layers} layers, MLP width {bc.mlp_hidden}: {ours / ref:.3f}x the U-Net's "
+          f"training FLOPs per byte", file=sys.stderr)
+    if abs(ours / ref - 1) > 0.05:
+        print(f"bpe-lm: warning: FLOPs could not be matched within 5% (the vocabulary head of "
+              f"{info['vocab_size']:,} tokens costs too much at d_model={cfg.model.d_model})", file=sys.stderr)
+
+
+# -- bytes -> tokens ------------------------------------------------------------------------------
+
+@dataclass
+class TokenBatch:
+    inputs: Tensor  # (B, T) long token ids (PAD id after the end)
+    targets: Tensor  # (B, T) long next token ids, -1 where none
+    target_pos: Tensor  # (B, T) long: byte-space target index of the target token's last byte, -1 where none
+    target_bytes: Tensor  # (B, T) long: bytes covered by the target token (BOS: 1)
+    boundaries: Tensor  # (B, S) bool: token boundaries in input positions (U-Net convention)
+
+
+def _stream(ids_row: np.ndarray, tgt_row: np.ndarray) -> np.ndarray:
+    """x_0..x_n: the first input id, then the targets up to the first missing one."""
+    miss = np.flatnonzero(tgt_row < 0)
+    n = len(tgt_row) if len(miss) == 0 else int(miss[0])
+    return np.concatenate([ids_row[:1], tgt_row[:n]])
+
+
+def to_tokens(model: TokenLM, ids: Tensor, targets: Tensor) -> TokenBatch:
+    if model.tokenizer is None:
+        raise RltokError("bpe-lm: the model has no tokenizer (train the run with `rltok train "
+                         "--method bpe-lm`, or set boundary.tokenizer)")
+    ids_np, tgt_np = ids.cpu().numpy(), targets.cpu().numpy()
+    B, S = ids_np.shape
+    streams = [_stream(ids_np[r], tgt_np[r]) for r in range(B)]
+    # every run of bytes in every row, tokenized in one call
+    runs: list[tuple[int, int, bytes]] = []
+    for r, x in enumerate(streams):
+        is_byte = x < 256
+        t = 0
+        while t < len(x):
+            if not is_byte[t]:
+                t += 1
+                continue
+            s = t
+            while t < len(x) and is_byte[t]:
+                t += 1
+            runs.append((r, s, x[s:t].astype(np.uint8).tobytes()))
+    encoded = encode_many(model.tokenizer, [r[2] for r in runs])
+    per_row: list[list[tuple[int, int, int]]] = [[] for _ in range(B)]  # (first pos, last pos, id)
+    for (r, s, _), (tids, lens) in zip(runs, encoded):
+        off = s
+        for tid, L in zip(tids, lens):
+            per_row[r].append((off, off + L - 1, tid))
+            off += L
+    for r, x in enumerate(streams):
+        for p in np.flatnonzero(x == BOS):
+            per_row[r].append((int(p), int(p), model.bos_id))
+        per_row[r].sort()
+    T = max(1, max(len(toks) - 1 for toks in per_row))
+    inputs = np.full((B, T), model.pad_id, dtype=np.int64)
+    tgts = np.full((B, T), -1, dtype=np.int64)
+    tpos = np.full((B, T), -1, dtype=np.int64)
+    tbytes = np.zeros((B, T), dtype=np.int64)
+    bnd = np.zeros((B, S), dtype=bool)
+    for r, toks in enumerate(per_row):
+        n = len(toks)
+        if n == 0:
+            continue
+        first = np.array([t[0] for t in toks])
+        last = np.array([t[1] for t in toks])
+        tid = np.array([t[2] for t in toks])
+        inputs[r, : n - 1] = tid[:-1]
+        tgts[r, : n - 1] = tid[1:]
+        tpos[r, : n - 1] = last[1:] - 1  # x position p is target index p - 1
+        tbytes[r, : n - 1] = last[1:] - first[1:] + 1
+        # boundaries: BOS positions, and token starts except the first token of each byte run
+        is_bos = tid == model.bos_id
+        run_first = np.zeros(n, dtype=bool)
+        run_first[1:] = is_bos[:-1]
+        run_first[0] = True
+        b = (is_bos | ~run_first) & (first < S)
+        bnd[r, first[b]] = True
+    dev = ids.device
+    return TokenBatch(*(torch.from_numpy(a).to(dev) for a in (inputs, tgts, tpos, tbytes, bnd)))
+
+
+def _token_nll(model: TokenLM, fwd, tb: TokenBatch) -> Tensor:
+    from ..objectives import per_position_ce
+
+    return per_position_ce(fwd(tb.inputs), tb.targets)
+
+
+def bpe_lm_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
+    from ..objectives import LN2, StepLoss, boundary_counts
+
+    tb = to_tokens(model, batch.ids, batch.targets)
+    ce = _token_nll(model, forward or model, tb)
+    has = tb.targets >= 0
+    n_tok = has.sum().clamp(min=1)
+    lm = ce.sum() / n_tok
+    n_bytes = (tb.target_bytes * has).sum().clamp(min=1)
+    valid = batch.ids != PAD
+    counts = boundary_counts(batch.ids, tb.boundaries, valid)
+    stats = {"lm_loss": lm.detach(), "bpb": ce.detach().sum() / (n_bytes * LN2),
+             "tokens": has.sum(1).float().mean(), **{k: v.float() for k, v in counts.items()}}
+    return StepLoss(loss=cfg.boundary.lm_weight * lm, stats=stats)
+
+
+@torch.no_grad()
+def bpe_lm_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
+    from ..objectives import ScoreOutput
+
+    tb = to_tokens(model, batch.ids, batch.targets)
+    ce = _token_nll(model, model, tb)
+    has = tb.targets >= 0
+    nll = torch.zeros(batch.ids.shape, dtype=torch.float32, device=batch.ids.device)
+    nll.view(-1).index_add_(0, (tb.target_pos + torch.arange(nll.shape[0], device=nll.device)[:, None]
+                                * nll.shape[1])[has], ce[has].float())
+    return ScoreOutput(nll=nll, boundaries=tb.boundaries)
+
+
+def _register() -> None:
+    from ..objectives import register_family
+
+    register_family("bpe-lm", bpe_lm_training_loss, bpe_lm_score)
+
+
+_register()
+
+register(MethodSpec(
+    name="bpe-lm",
+    config_cls=BpeLMConfig,
+    build=_build,
+    setup=_setup,
+    description="Transformer LM over BPE tokens at the U-Net's training FLOPs, scored in bits per byte",
+))

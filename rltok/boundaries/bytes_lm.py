@@ -1,0 +1,100 @@
+"""``bytes``: a flat byte-level Transformer, no hierarchy, at the U-Net's parameter count.
+
+Every layer runs on every byte (full causal attention by default), so at equal parameters it
+spends several times the U-Net's FLOPs per byte: the cost the hierarchy saves. The width is the
+U-Net's d_model; the depth and MLP width are chosen (``size_bytes_model``) so that the total
+parameter count equals that of the U-Net of the same model config (4d MLP layers, then the MLP
+width adjusted to close the gap). The choice is written into the run's config at setup.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from ..config import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
+from ..errors import RltokError
+from ..model.flat import FlatLM, flat_params
+from .base import MethodSpec, register
+
+
+@dataclass
+class BytesConfig(BoundaryConfig):
+    n_layers: int = 0  # 0: chosen to match the U-Net's parameter count
+    mlp_hidden: int = 0  # 0: chosen (with n_layers) to match the parameter count exactly
+    # attention window in bytes; 0 = full causal attention. (Not named ``window``: presets set
+    # boundary.window for the rl policy, and that must not reach this model.)
+    attn_window: int = 0
+
+    def validate(self) -> None:
+        super().validate()
+        for k in ("n_layers", "mlp_hidden", "attn_window"):
+            if getattr(self, k) < 0:
+                raise RltokError(f"boundary.{k} must be >= 0")
+
+
+class ByteLM(FlatLM):
+    family = "bytes"
+
+
+def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:
+    """(layers, MLP width) so the flat model has the reference U-Net's parameter count."""
+    from ..flops import reference_unet_params, solve_hidden
+
+    bc, d = cfg.boundary, cfg.model.d_model
+    target = reference_unet_params(cfg)
+    fixed = flat_params(N_INPUT_IDS, N_OUTPUT_IDS, d, 0, 0)
+    per_layer_4d = flat_params(0, 0, d, 1, 4 * d)
+    layers = bc.n_layers or max(1, round((target - fixed) / per_layer_4d))
+    if bc.mlp_hidden:
+        return layers, bc.mlp_hidden
+    base = fixed + layers * flat_params(0, 0, d, 1, 0)
+    return layers, solve_hidden(target, base, 3 * d * layers)
+
+
+def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
+    layers, hidden = size_bytes_model(cfg)
+    m = cfg.model
+    return ByteLM(N_INPUT_IDS, N_OUTPUT_IDS, m.d_model, m.n_heads, layers, hidden,
+                  cfg.boundary.attn_window or None, m.rope_theta, m.norm_eps)
+
+
+def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
+    cfg.boundary.n_layers, cfg.boundary.mlp_hidden = size_bytes_model(cfg)  # recorded in config.json
+
+
+def bytes_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
+    from ..objectives import LN2, StepLoss, per_position_ce
+
+    logits = (forward or model)(batch.ids)
+    ce = per_position_ce(logits, batch.targets)
+    n = (batch.targets >= 0).sum().clamp(min=1)
+    lm = ce.sum() / n
+    return StepLoss(loss=cfg.boundary.lm_weight * lm, stats={"lm_loss": lm.detach(), "bpb": lm.detach() / LN2})
+
+
+@torch.no_grad()
+def bytes_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
+    from ..objectives import ScoreOutput, per_position_ce
+
+    return ScoreOutput(nll=per_position_ce(model(batch.ids), batch.targets))
+
+
+def _register() -> None:
+    from ..objectives import register_family
+
+    register_family("bytes", bytes_training_loss, bytes_score)
+
+
+_register()
+
+register(MethodSpec(
+    name="bytes",
+    config_cls=BytesConfig,
+    build=_build,
+    setup=_setup,
+    description="flat byte-level Transformer, no hierarchy, at the U-Net's parameter count",
+))

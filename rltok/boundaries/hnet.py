@@ -1,0 +1,165 @@
+"""``hnet``: H-Net dynamic chunking (Hwang et al. 2025), as ported by the paper (spec 4.3).
+
+Routing: q_t = W_q h_t, k_t = W_k h_t (d x d, no bias, initialised to the identity),
+
+    p_t = clamp((1 - cos(q_{t-1}, k_t)) / 2, 0, 1),   p_0 = 1,   b_t = [p_t >= 0.5]  (deterministic)
+
+Chunking selects h at the boundaries (the U-Net default). Dechunking smooths the main network's
+chunk outputs with an EMA over chunks,
+
+    zbar_c = P_c zhat_c + (1 - P_c) zbar_{c-1},   P_c = clamp(p at chunk c's byte, 1e-4, 1 - 1e-4),
+
+and gives byte t the smoothed output of its chunk times a straight-through confidence,
+
+    u_t = zbar_{up(t)} * STE(c_t) + h_t,   c_t = p_t if b_t else 1 - p_t,   STE(x) = 1 forward, identity backward.
+
+The ratio loss (weight ``alpha`` = 0.03) keeps the rate near r*: with N = 1/r*, F the fraction of
+boundaries and G the mean probability, L = N/(N-1) ((N-1) F G + (1-F)(1-G)).
+
+Differences from H-Net itself, as in the paper's port: Transformer encoder/decoder instead of
+Mamba-2, a plain residual (no residual projection), no per-stage learning-rate multipliers. The
+EMA is a pure-PyTorch blocked parallel scan (``ema_scan``) instead of Mamba-2's SSD kernel; a
+reference loop (``ema_loop``) is kept for tests.
+
+In H-Net's own words b_t = 1 means byte t *starts* a chunk whose vector is taken at t; here it is
+the byte whose vector is selected, i.e. the end of a chunk in this library's convention. The
+computation is identical: byte t receives the output selected at the latest boundary <= t.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .. import estimator as est
+from ..config import BoundaryConfig, ModelConfig
+from ..errors import RltokError
+from ..model.chunking import Chunks, force_ends, forced_mask, gather_up
+from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register, unet_builder
+
+P_MIN = 1e-4
+
+
+@dataclass
+class HNetConfig(BoundaryConfig):
+    alpha: float = 0.03  # weight of the ratio loss
+    threshold: float = 0.5
+    scan_block: int = 64  # block length of the parallel EMA scan
+
+    def validate(self) -> None:
+        super().validate()
+        if self.alpha < 0:
+            raise RltokError("boundary.alpha must be >= 0")
+        if not 0 < self.threshold < 1:
+            raise RltokError(f"boundary.threshold={self.threshold} must be in (0, 1)")
+        if self.scan_block < 1:
+            raise RltokError("boundary.scan_block must be >= 1")
+
+
+def ema_loop(x: Tensor, p: Tensor) -> Tensor:
+    """Reference: y_c = p_c x_c + (1 - p_c) y_{c-1}, y_{-1} = 0. x (B, M, d), p (B, M)."""
+    y = torch.zeros_like(x[:, 0])
+    out = []
+    for c in range(x.shape[1]):
+        y = p[:, c, None] * x[:, c] + (1 - p[:, c, None]) * y
+        out.append(y)
+    return torch.stack(out, dim=1)
+
+
+def _decay_matrix(la: Tensor) -> Tensor:
+    """W[..., i, j] = prod_{k=j+1..i} a_k = exp(sum_{k=j+1..i} la_k) for j <= i, else 0, from log
+    decays la (..., L). Each segment sum is accumulated directly (not as a difference of two
+    running sums, which cancels catastrophically in float32 once the running sum is large), and
+    the entries above the diagonal are -inf before exp: no overflow, and exactly zero gradient
+    from a position to earlier ones."""
+    L = la.shape[-1]
+    x = la[..., :, None].expand(*la.shape, L)  # x[..., k, j] = la_k
+    below = torch.ones(L, L, dtype=torch.bool, device=la.device).tril(-1)
+    seg = torch.where(below, x, torch.zeros_like(x)).cumsum(-2)  # seg[i, j] = sum_{j<k<=i} la_k
+    causal = torch.ones(L, L, dtype=torch.bool, device=la.device).tril()
+    return torch.exp(torch.where(causal, seg, torch.full_like(seg, float("-inf"))))
+
+
+def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
+    """The EMA of :func:`ema_loop` as a blocked parallel scan, float32.
+
+    Inside blocks of ``block`` chunks: y = W (p x) with W the decay matrix (a small matmul); between
+    blocks: the state entering block n is the EMA over the block-end states (again a decay
+    matrix, over blocks). Every exponent is a sum of log decays <= 0, so it is stable at any
+    length. Cost O(M * block * d + (M / block)^2 * d).
+    """
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        B, M, d = x.shape
+        L = max(1, min(block, M))
+        nb = -(-M // L)
+        pad = nb * L - M
+        xf, pf = x.float(), p.float()
+        if pad:
+            xf = F.pad(xf, (0, 0, 0, pad))
+            pf = F.pad(pf, (0, pad), value=0.5)
+        la = torch.log1p(-pf).view(B, nb, L)  # log decay per chunk
+        u = (pf[..., None] * xf).view(B, nb, L, d)
+        local = _decay_matrix(la) @ u  # EMA inside each block, from a zero state
+        end = local[:, :, -1]  # (B, nb, d): state at the end of block n, from zero
+        # state at the end of block n: after_n = sum_{m<=n} (decay of blocks m+1..n) end_m
+        after = _decay_matrix(la.sum(-1)) @ end
+        entering = F.pad(after, (0, 0, 1, 0))[:, :-1]  # state entering block n
+        y = local + torch.exp(la.cumsum(-1))[..., None] * entering[:, :, None, :]
+        return y.reshape(B, nb * L, d)[:, :M]
+
+
+class HNetBoundaries(BoundaryModule):
+    name = "hnet"
+    learned = True
+
+    def __init__(self, model_cfg: ModelConfig, cfg: HNetConfig):
+        super().__init__(model_cfg, cfg)
+        d = model_cfg.d_model
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        with torch.no_grad():
+            self.q_proj.weight.copy_(torch.eye(d))
+            self.k_proj.weight.copy_(torch.eye(d))
+
+    def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
+                fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
+        B, S = ids.shape
+        q = F.normalize(self.q_proj(h[:, :-1]).float(), dim=-1)
+        k = F.normalize(self.k_proj(h[:, 1:]).float(), dim=-1)
+        cos = (q * k).sum(-1)
+        p = torch.clamp((1 - cos) / 2, 0.0, 1.0)
+        p = F.pad(p, (1, 0), value=1.0)  # p_0 = 1
+        b = fixed.bool() if fixed is not None else p >= self.cfg.threshold
+        b = force_ends(b, valid)
+        decided = valid & ~forced_mask((B, S), ids.device)
+        return BoundaryOutput(hard=b.float(), decided=decided, probs=p)
+
+    def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
+        P = out.probs.gather(1, chunks.positions).clamp(P_MIN, 1 - P_MIN)
+        P = torch.where(chunks.valid, P, torch.full_like(P, 0.5))  # padding chunks: any value
+        zbar = ema_scan(zhat, P, self.cfg.scan_block)
+        conf = torch.where(out.b, out.probs, 1 - out.probs)
+        ste = 1.0 + (conf - conf.detach())  # forward 1, gradient identity
+        return h + (gather_up(zbar, chunks) * ste[..., None]).to(h.dtype)
+
+    def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
+        out = ctx.out
+        v = ctx.valid.float()
+        n = v.sum().clamp(min=1)
+        dec = out.decided.float()
+        # forced positions count as boundaries with probability 1, as in the rl policy's rate stats
+        G = (out.probs * dec + (v - dec)).sum() / n
+        Fr = ctx.reduce_mean((out.hard.detach() * v).sum() / n)
+        loss = est.ratio_loss(Fr, G, self.cfg.target_rate)
+        return self.cfg.alpha * loss, {"ratio_loss": loss.detach(), "policy_rate": G.detach()}
+
+
+register(MethodSpec(
+    name="hnet",
+    config_cls=HNetConfig,
+    build=unet_builder(HNetBoundaries),
+    description="H-Net dynamic chunking (Hwang et al. 2025): cosine routing, EMA dechunking, ratio loss",
+))

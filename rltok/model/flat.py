@@ -1,0 +1,47 @@
+"""Flat (non-hierarchical) Transformer language models for the baselines ``bytes`` and ``bpe-lm``.
+
+Same blocks as the U-Net (``layers.Block``: pre-norm, RoPE, GeGLU), full causal attention (or a
+sliding window) over one sequence of ids, one output head. Pure ``nn.Module``s: the conversion of
+byte batches to token batches and the losses live in the method modules.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from .layers import Block, RMSNorm, rope_angles
+
+
+class FlatLM(nn.Module):
+    family = "flat"
+
+    def __init__(self, n_inputs: int, n_outputs: int, d_model: int, n_heads: int, n_layers: int,
+                 mlp_hidden: int, window: int | None = None, rope_theta: float = 10000.0,
+                 norm_eps: float = 1e-6):
+        super().__init__()
+        self.d_model, self.n_heads, self.window, self.rope_theta = d_model, n_heads, window, rope_theta
+        self.embed = nn.Embedding(n_inputs, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, mlp_hidden, window, norm_eps) for _ in range(n_layers))
+        self.norm = RMSNorm(d_model, norm_eps)
+        self.head = nn.Linear(d_model, n_outputs)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """(B, T) ids -> (B, T, n_outputs) logits for the next id."""
+        T = ids.shape[1]
+        cos, sin = rope_angles(torch.arange(T, device=ids.device), self.d_model // self.n_heads, self.rope_theta)
+        x = self.embed(ids)
+        for blk in self.blocks:
+            x = blk(x, cos, sin)
+        return self.head(self.norm(x))
+
+    def param_groups_for_flops(self) -> tuple[int, int]:
+        """(matmul parameters applied per byte, per token/chunk); subclasses say which."""
+        n = sum(p.numel() for m in (*self.blocks, self.head) for _, p in m.named_parameters() if p.dim() >= 2)
+        return n, 0
+
+
+def flat_params(n_inputs: int, n_outputs: int, d: int, n_layers: int, mlp_hidden: int) -> int:
+    """Exact parameter count of a FlatLM (tested against the module)."""
+    block = 4 * d * d + 3 * d * mlp_hidden + 2 * d  # qkv + out, gate_up + down, two norms
+    return n_inputs * d + n_layers * block + d + n_outputs * d + n_outputs
