@@ -235,6 +235,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     out = Path(out)
     info = init_distributed(cfg.train.device)
     cfg = prepare_run_dir(cfg, out, resume)
+    info.barrier()  # every rank has looked at RUN before rank 0 writes into it
     if info.is_main:
         out.mkdir(parents=True, exist_ok=True)
     t = cfg.train
