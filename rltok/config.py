@@ -245,8 +245,6 @@ def _paper_preset(name: str) -> dict[str, Any]:
         "train.log_every": 10, "train.eval_every_bytes": int(100 * batch * 4096), "train.eval_docs": 256,
         "data.packing": "document", "data.min_doc_bytes": 4096, "data.max_doc_bytes": 1 << 30,
         "data.val_docs": 256,
-        # the paper's policy: w = 8, logit scale 1/16 (spec section 2.1)
-        "boundary.window": 8, "boundary.scale": 0.0625,
     }
 
 
@@ -266,7 +264,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.batch_size": 16, "train.lr": 2e-3, "train.total_bytes": 6_000_000,
         "train.warmup_bytes": 500_000, "train.log_every": 10, "train.eval_every_bytes": 1_000_000,
         "train.eval_docs": 64,
-        "boundary.window": 1, "boundary.scale": 1.0,
     },
     **{name: _paper_preset(name) for name in _PAPER_SIZES},
 }
@@ -324,10 +321,12 @@ def build_config(method: str | None = "rl", preset: str | None = "tiny", recipe:
     if preset not in PRESETS:
         raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls())
-    for key, value in spec.preset_overrides.get(preset, {}).items():
-        _apply(cfg, key, value, strict=False)
     for key, value in PRESETS[preset].items():
         _apply(cfg, key, value, strict=False)
+    # method-specific preset settings live with the method (MethodSpec.preset_overrides), so a
+    # key meant for one method never reaches another method's field of the same name
+    for key, value in spec.preset_overrides.get(preset, {}).items():
+        _apply(cfg, key, value, strict=True)
     for key, value in named.items():
         if key not in RECIPE_TARGETS:
             _apply(cfg, key, value, strict=False)
