@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .evaluate import standard_error
+
 from .flops import format_flops
 
 _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "bpe_precision", "bpe_recall", "bpe_f1",
@@ -26,9 +28,7 @@ _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "bpe_precisio
               "corpus_bpb")
 
 
-def _se(x: np.ndarray) -> float:
-    x = np.asarray(x, dtype=float)
-    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+_se = standard_error
 
 
 def _nanmean(vals: list) -> float:

@@ -48,6 +48,25 @@ class EvalResult:
         return d
 
 
+def standard_error(x) -> float:
+    """Standard error of the mean (ddof 1); nan for fewer than two values."""
+    x = np.asarray(x, dtype=float)
+    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def paired_difference(a, b) -> dict[str, float]:
+    """Mean per-item difference a - b with its standard error: documents vary far more
+    between each other than two models differ on the same document, so pairing resolves
+    differences much smaller than the two error bars suggest."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired difference needs equal lengths ({len(a)} vs {len(b)})")
+    d = a - b
+    se = standard_error(d)
+    return {"diff": float(d.mean()) if len(d) else float("nan"), "se": se,
+            "z": float(d.mean() / se) if se and math.isfinite(se) else float("nan"), "n": int(len(d))}
+
+
 def autocast_for(device: torch.device, dtype: str):
     if dtype == "bf16":
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
@@ -99,7 +118,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                     counts[key] = counts.get(key, 0.0) + float(v)
     model.train(was_training)
     per_doc = nll_doc / (np.maximum(bytes_doc, 1) * LN2)
-    se = float(per_doc.std(ddof=1) / math.sqrt(n_docs)) if n_docs > 1 else float("nan")
+    se = standard_error(per_doc)
     r = ratios(counts) if counts else {"rate": float("nan"), "whitespace_recall": float("nan"),
                                        "whitespace_precision": float("nan")}
     return EvalResult(

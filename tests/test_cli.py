@@ -84,6 +84,20 @@ def test_train_then_eval_json(capsys, small_corpus_file, tmp_path):
         assert k in d
     assert d["docs"] == 3 and len(d["per_doc_bpb"]) == 3 and 0 < d["rate"] < 1
     assert abs(sum(d["per_doc_bpb"]) / 3 - d["bpb"]) < 1e-9
+    # a run against itself: same documents, same draws, so every paired difference is 0
+    code, out, err = _run(capsys, ["eval", str(tmp_path / "r"), "--docs", "3", "--json",
+                                   "--against", str(tmp_path / "r")])
+    assert code == 0, err
+    p = json.loads(out.strip().splitlines()[-1])["against"]["paired"]
+    assert p["diff"] == 0 and p["n"] == 3
+
+
+def test_paired_difference_by_hand():
+    from rltok.evaluate import paired_difference
+
+    p = paired_difference([2.0, 3.0, 5.0], [1.0, 3.0, 4.0])  # differences 1, 0, 1
+    assert p["diff"] == pytest.approx(2 / 3) and p["n"] == 3
+    assert p["se"] == pytest.approx((1 / 3) ** 0.5 / 3 ** 0.5)  # sd of (1,0,1) = sqrt(1/3)
 
 
 def test_subprocess_error_has_no_traceback(tmp_path):

@@ -30,6 +30,9 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_threads_arg(p)
     p.add_argument("--per-doc", action="store_true", help="include per_doc_bpb (input order) in the JSON")
+    p.add_argument("--against", default=None, metavar="RUN2",
+                   help="also score RUN2 on the same documents with the same boundary draws and report "
+                        "the paired per-document difference RUN - RUN2 with its standard error")
     p.set_defaults(func=run)
 
 
@@ -55,6 +58,18 @@ def run(args) -> int:
                           seed=args.seed, dtype=args.dtype or cfg.train.dtype)
     d = {"run": str(args.run), "method": cfg.method, "data": cfg.data.source, "split": args.split,
          **res.to_dict(per_doc=args.per_doc)}
+    other = None
+    if args.against is not None:
+        from ..evaluate import paired_difference
+
+        model2 = load_model(args.against, device=args.device)
+        other = evaluate_corpus(model2, corpus, model2.run_config.model.seq_len, docs=args.docs,
+                                samples=args.samples, mode="greedy" if args.greedy else "sample",
+                                batch_size=args.batch_size, seed=args.seed,
+                                dtype=args.dtype or model2.run_config.train.dtype)
+        d["against"] = {"run": str(args.against), "method": model2.run_config.method,
+                        **other.to_dict(per_doc=args.per_doc),
+                        "paired": paired_difference(res.per_doc_bpb, other.per_doc_bpb)}
     if args.json:
         print(json.dumps(d))
     else:
@@ -62,4 +77,10 @@ def run(args) -> int:
         print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
         print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))")
         print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}")
+        if other is not None:
+            pd = d["against"]["paired"]
+            print(f"{args.against} ({d['against']['method']}): bits/byte {other.bpb:.4f} ± {other.bpb_se:.4f}, "
+                  f"rate {other.rate:.4f}")
+            print(f"  paired difference (this - that): {pd['diff']:+.4f} ± {pd['se']:.4f} bits/byte "
+                  f"over {pd['n']} documents (z = {pd['z']:.1f})")
     return 0
