@@ -132,7 +132,7 @@ class Bench:
     """One method's model, optimizer, data and training step, ready to be timed."""
 
     def __init__(self, method: str, preset: str, overrides: dict[str, Any] | None = None,
-                 device: str = "auto", splits=None):
+                 device: str = "auto", splits=None, init_from: str | None = None):
         from .data import load_splits
         from .data.loader import SequenceDataset
         from .parallel import compile_blocks
@@ -148,6 +148,10 @@ class Bench:
         torch.manual_seed(cfg.train.seed)
         self.splits = splits if splits is not None else load_splits(cfg)
         self.model = build_model(cfg, None).to(self.device)
+        if init_from is not None:  # a trained run's weights: its boundaries run at the learned rate
+            from .run import load_model
+
+            self.model.load_state_dict(load_model(init_from).state_dict())
         if cfg.train.compile:
             compile_blocks(self.model)
         self.model.train()
@@ -194,7 +198,8 @@ class Bench:
 
 def run_interleaved(methods: list[str], preset: str, steps: int = 10, warmup: int = 2,
                     overrides: dict[str, Any] | None = None, device: str = "auto",
-                    progress: bool = True, peak_seconds: float = 1.0) -> list[BenchResult]:
+                    progress: bool = True, peak_seconds: float = 1.0,
+                    init_from: list[str] | None = None) -> list[BenchResult]:
     """Time ``steps`` training steps of each method, alternating between the methods step by
     step after ``warmup`` untimed steps each. The matmul peak is measured before and after (the
     mean is used), in the same process."""
@@ -202,7 +207,10 @@ def run_interleaved(methods: list[str], preset: str, steps: int = 10, warmup: in
 
     first = build_config(methods[0], preset, overrides={**(overrides or {}), "train.device": device})
     splits = load_splits(first)  # every method reads the same documents
-    benches = [Bench(m, preset, overrides, device, splits=splits) for m in methods]
+    from .run import read_config
+
+    runs = {read_config(r).method: r for r in (init_from or [])}
+    benches = [Bench(m, preset, overrides, device, splits=splits, init_from=runs.get(m)) for m in methods]
     dev = benches[0].device
     dtype = benches[0].cfg.train.dtype
     if dev.type == "cuda":

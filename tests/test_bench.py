@@ -104,3 +104,26 @@ def test_gpu_check_script_syntax_and_cpu_fallback(tmp_path, small_corpus_file, c
     assert "CPU fallback" in out
     assert code == 0  # correctness decides the exit status; the targets are reported
     assert set(checks["rl_over_uniform"]) >= {"ratio", "ratio_target_met", "mfu_target_met"}
+
+
+def test_bench_init_from_a_trained_run(capsys, small_corpus_file, tmp_path):
+    """--init-from starts the method from a run's weights: a policy whose bias puts a boundary
+    almost everywhere is timed at that rate, the other method is untouched."""
+    from safetensors.torch import save_file
+
+    from rltok.run import load_model
+    from rltok.train import train
+
+    cfg = build_config("rl", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 1,
+                                                 "train.eval_docs": 0})
+    train(cfg, tmp_path / "run", progress=False)
+    model = load_model(tmp_path / "run")
+    with torch.no_grad():
+        model.boundary.proj.bias.fill_(8.0)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "run" / "model.safetensors"))
+    code = main(["bench", "--preset", "smoke", "--method", "rl,uniform", "--steps", "1", "--warmup", "0",
+                 "--data", str(small_corpus_file), "--dtype", "fp32", "--no-progress", "--json",
+                 "--peak-seconds", "0.05", "--init-from", str(tmp_path / "run")])
+    assert code == 0
+    rows = {r["method"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
+    assert rows["rl"]["rate"] > 0.9 and abs(rows["uniform"]["rate"] - 0.2) < 0.03

@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="seconds spent measuring the matmul peak, before and after the steps")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config field, as in `rltok train`")
+    p.add_argument("--init-from", action="append", default=None, metavar="RUN",
+                   help="start the method this run was trained with from its weights (repeatable); "
+                        "e.g. a trained rl run, so the step is timed at the learned boundary rate")
     p.add_argument("--json", action="store_true", help="print one JSON object per method")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -56,7 +59,7 @@ def run(args) -> int:
         over["train.compile"] = True
     results = run_interleaved(methods, args.preset, steps=args.steps, warmup=args.warmup,
                               overrides=over, device=args.device, progress=not args.no_progress,
-                              peak_seconds=args.peak_seconds)
+                              peak_seconds=args.peak_seconds, init_from=args.init_from)
     if args.json:
         for r in results:
             print(json.dumps(r.to_dict()))
