@@ -61,7 +61,7 @@ def run(args) -> int:
                              mode="greedy" if args.greedy_boundaries else "sample",
                              batch_size=args.batch_size, dtype=args.dtype or cfg.train.dtype,
                              gold_only=args.gold_only, generation=not args.no_generation,
-                             progress=not args.no_progress and not args.json)
+                             progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
     seq_len = cfg.model.seq_len
     if args.json:
         print(json.dumps({"run": str(args.run), "method": cfg.method, "seq_len": seq_len,
