@@ -37,6 +37,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows "(default: X)" only where it says something: not for None/False/empty defaults, and
+    not when the help text already states its default."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if "default" in h or action.default in (None, False, [], "", argparse.SUPPRESS):
+            return h
+        return super()._get_help_string(action)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from . import add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -19,7 +19,7 @@ def register(sub) -> None:
                     "languages, e.g. ../shared/data/multilingual/udhr): bytes per chunk and chunks per "
                     "word of each run vs BPE tokens per word vs whitespace words, relative to English "
                     "(a table and a bar chart).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--data", default=None,
                    help="data source to analyze (all its documents); default: each run's validation split")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import positive_int
+from . import HelpFormatter, positive_int
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def register(sub) -> None:
                     "boundary rate; MFU is against the data-sheet dense peak of known GPUs, else a "
                     "dense matmul measured in this process. Several --method values are measured "
                     "side by side, step by step, with their step-time ratio.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("--preset", default="tiny", help=f"model size: {', '.join(PRESETS)}")
     p.add_argument("--method", action="append", default=None,
                    help="boundary method; repeat (or comma-separate) to compare side by side (default: rl)")

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import add_threads_arg, apply_threads
+from . import HelpFormatter, add_threads_arg, apply_threads
 
 
 def register(sub) -> None:
@@ -16,7 +16,7 @@ def register(sub) -> None:
                     "with a delimiter after each chunk; --html writes a self-contained page and --png "
                     "an image with each character shaded by its boundary probability. Texts longer than "
                     "the model's window are read in consecutive windows (each with BOS).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the text")

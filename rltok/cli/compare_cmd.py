@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from . import parse_size, positive_int
+from . import HelpFormatter, parse_size, positive_int
 
 
 def register(sub) -> None:
@@ -20,7 +20,7 @@ def register(sub) -> None:
         epilog="Method syntax: METHOD[:KEY=VALUE...][@TAG], e.g. "
                "--methods rl,uniform,rl:gamma=1@rl-nodiscount,bytes:seeds=1. KEY is any --set key; "
                "seeds=N uses only the first N seeds; policy_scale is an alias of boundary.scale.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("--methods", required=True,
                    help="comma-separated methods with optional overrides (see below)")
     p.add_argument("--out", required=True, help="comparison directory (created, or continued)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import parse_size
+from . import HelpFormatter, parse_size
 
 
 def _add_prepare(actions) -> None:
@@ -23,7 +23,7 @@ def _add_prepare(actions) -> None:
                     "`rltok train --data DIR`.",
         epilog="examples: rltok data prepare hf:HuggingFaceFW/fineweb:sample-10BT --out data/fineweb "
                "--max-bytes-total 20G --test-docs 4000 | rltok data prepare 'files/*.parquet' --out data/mine",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("source", help="hf:NAME[:CONFIG] (a hub dataset), or a file, directory or glob of "
                                   "parquet/jsonl/json/txt files, or a built-in corpus (stdlib, english)")
     p.add_argument("--out", required=True, help="directory to create (or to resume)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from . import add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -14,7 +14,7 @@ def register(sub) -> None:
         description="Score held-out documents of a data source (by default the run's own "
                     "validation split) with a trained run: mean per-document bits-per-byte with its "
                     "standard error, corpus bits-per-byte, boundary rate and whitespace recall/precision.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     p.add_argument("--data", default=None, help="data source (default: the run's training source)")
     p.add_argument("--split", default="val", choices=["val", "test", "train", "all"],

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import positive_int
+from . import HelpFormatter, positive_int
 
 
 def _nonneg_int(text: str) -> int:
@@ -25,7 +25,7 @@ def register(sub) -> None:
         description="Continue one or more prompts with a trained run, one byte at a time from KV "
                     "caches; the boundary method decides chunk ends as it goes. With a single prompt "
                     "the text is printed as it is produced. Invalid UTF-8 is shown as U+FFFD.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text; repeat for a batch; '-' reads one prompt from stdin (default: empty)")

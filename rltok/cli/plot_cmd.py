@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from . import HelpFormatter
+
 
 def register(sub) -> None:
     p = sub.add_parser(
@@ -12,7 +14,7 @@ def register(sub) -> None:
                     "bits-per-byte (train, validation), boundary rate, whitespace recall and the "
                     "estimator's statistics (policy entropy, advantage and return spread, "
                     "policy-gradient loss), where the runs logged them.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("runs", nargs="+", help="run directories")
     p.add_argument("--out", required=True, help="PNG to write")
     p.add_argument("--labels", default=None, help="comma-separated legend labels (default: directory names)")

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
 
 
 def register(sub) -> None:
@@ -18,7 +18,7 @@ def register(sub) -> None:
                     "metric), accuracy (lowest total NLL) and acc_norm (lowest NLL per byte). The model "
                     "reads BOS + context + continuation, left-truncated to its window. Data: the files "
                     "`rltok data fetch-evals` stored, or the official files under --data-dir.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     p.add_argument("--tasks", default="piqa,hellaswag,arc_easy,lambada", help="comma-separated tasks")
     p.add_argument("--limit", type=positive_int, default=None, help="score the first N items of each task")

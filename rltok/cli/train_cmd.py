@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from . import add_threads_arg, apply_threads, parse_size, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, parse_size, positive_int
 
 
 def register(sub) -> None:
@@ -14,7 +14,7 @@ def register(sub) -> None:
         "train", help="train a model (one process, or under torchrun)",
         description="Train a byte-level U-Net with a boundary method. Under `torchrun "
                     "--nproc_per_node=N -m rltok train ...` the same command trains data-parallel.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=HelpFormatter)
     p.add_argument("--method", default=None,
                    help="boundary method (rl, uniform, ...; see `--list-methods`); default: the recipe's, else rl")
     p.add_argument("--preset", default=None,
