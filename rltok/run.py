@@ -46,7 +46,10 @@ def read_config(run_dir: Path) -> RunConfig:
         raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
     if not isinstance(d, dict):
         raise RltokError(f"{run_dir / CONFIG}: not a run config")
-    return RunConfig.from_dict(d)
+    try:
+        return RunConfig.from_dict(d).validate()
+    except RltokError as e:
+        raise RltokError(f"{run_dir / CONFIG}: {e}") from None
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
