@@ -19,7 +19,7 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("run", help="run directory")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="the text")
+    src.add_argument("--text", help="the text (one that starts with '-': --text=TEXT)")
     src.add_argument("--file", help="read the text from a file (bytes as they are)")
     p.add_argument("--html", default=None, help="write a self-contained HTML page here")
     p.add_argument("--png", default=None, help="write a PNG here")

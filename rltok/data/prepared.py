@@ -184,8 +184,8 @@ def _check_sizes(d: Path, manifest: dict[str, Any]) -> None:
 def _load_index(d: Path, name: str) -> np.ndarray:
     try:
         a = np.load(d / name, mmap_mode="r")
-    except (OSError, ValueError, EOFError) as e:
-        raise RltokError(f"{d / name}: unreadable index ({str(e)[:200]})") from None
+    except Exception as e:  # a damaged .npy header makes numpy raise many types (ValueError, SyntaxError, ...)
+        raise RltokError(f"{d / name}: unreadable index ({type(e).__name__}: {str(e)[:200]})") from None
     if a.ndim != 1 or a.dtype.kind not in "iu":
         raise RltokError(f"{d / name}: not a 1-D integer index (shape {a.shape}, dtype {a.dtype})")
     return a
