@@ -87,11 +87,15 @@ class StopVote:
         self.pending = (t, dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
         return agreed
 
-    def finish(self) -> None:
-        """Wait for the last posted vote (every rank posts the same number)."""
+    def finish(self) -> bool:
+        """Wait for the last posted vote (every rank posts the same number); its result."""
+        agreed = False
         if self.pending is not None:
-            self.pending[1].wait()
+            t, work = self.pending
+            work.wait()
+            agreed = bool(t.item() > 0)
             self.pending = None
+        return agreed
 
 
 def launched_by_torchrun() -> bool:

@@ -5,7 +5,9 @@ number (see data/loader.py), run the method's loss under autocast, backpropagate
 that the loss and gradient are finite (a non-finite step is skipped, counted and logged), step
 AdamW with the byte-based warmup + cosine learning rate. Metrics go to RUN/metrics.jsonl;
 checkpoints are written atomically; SIGINT/SIGTERM stop at the next step boundary with a
-checkpoint (exit 130/143); a second SIGINT aborts at once.
+checkpoint (exit 130/143; under torchrun the ranks vote every step and stop together, and a
+worker whose agent died stops too); a second SIGINT aborts at once. Resuming takes the newest
+checkpoint that verifies and loads. docs/robustness.md lists what survives what.
 """
 
 from __future__ import annotations
@@ -458,28 +460,38 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
                 warn(f"rltok: stopped at step {step}; checkpoint {path.name if path else ''} written; "
                      f"continue with --resume")
                 break
-    vote.finish()
-    if bar is not None:
-        bar.close()
+        # a signal after the last step's vote: stop before the final evaluation (the last step's
+        # checkpoint holds everything; --resume writes the final weights)
+        late = vote.finish() if info.enabled else stop.signum is not None
+        if exit_code == 0 and late:
+            if stop.signum is None:
+                stop.signum = signal.SIGTERM
+            path = save(step)
+            exit_code = stop.exit_code
+            warn(f"rltok: stopped at step {step} (the last); checkpoint {path.name if path else ''} written; "
+                 f"--resume writes the final weights")
+        if bar is not None:
+            bar.close()
 
-    summary: dict[str, Any] = {}
-    if exit_code == 0:
-        save(step)
-        final = evaluate("final_eval")
-        weights = full_state_dict(model)
-        if info.is_main:
-            ckpt.save_tensors_atomic(out / MODEL, weights,
-                                     metadata={"format": "rltok-model-v1", "method": cfg.method})
-            per_byte, per_chunk = _flop_params(model)
-            summary = {
-                "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
-                "params": sum(p.numel() for p in model.parameters()),
-                "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
-                "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
-                "world_size": info.world, **final,
-            }
-            ckpt.write_json_atomic(out / SUMMARY, summary)
-        info.barrier()
+        # the final phase (evaluation, weights, summary) is short: a signal now lets it finish
+        summary: dict[str, Any] = {}
+        if exit_code == 0:
+            save(step)
+            final = evaluate("final_eval")
+            weights = full_state_dict(model)
+            if info.is_main:
+                ckpt.save_tensors_atomic(out / MODEL, weights,
+                                         metadata={"format": "rltok-model-v1", "method": cfg.method})
+                per_byte, per_chunk = _flop_params(model)
+                summary = {
+                    "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
+                    "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
+                    "world_size": info.world, **final,
+                }
+                ckpt.write_json_atomic(out / SUMMARY, summary)
+            info.barrier()
     return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
 
 

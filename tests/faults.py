@@ -199,6 +199,9 @@ def kill_chain(run: Path, data: Path, method: str, steps: int, kills: list[str],
             code = proc.wait()
             if not killed:
                 tally.notes.append(f"{kind}: the run ended (exit {code}) before the fault was injected")
+            elif kind in GRACEFUL and code == 0:  # the signal came during the final phase: it finished
+                killed = False
+                tally.notes.append(f"{kind}: the run finished (the signal arrived in its final phase)")
             elif kind in GRACEFUL:
                 _check_graceful_stop(proc, kind, code, run, torchrun)
         if resume and resumed_from(proc.stderr) != expected:
