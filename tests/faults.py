@@ -199,9 +199,9 @@ def kill_chain(run: Path, data: Path, method: str, steps: int, kills: list[str],
             code = proc.wait()
             if not killed:
                 tally.notes.append(f"{kind}: the run ended (exit {code}) before the fault was injected")
-            elif kind in GRACEFUL and code == 0:  # the signal came during the final phase: it finished
+            elif kind in GRACEFUL and _finished(run):  # the signal came in the final phase or at exit
                 killed = False
-                tally.notes.append(f"{kind}: the run finished (the signal arrived in its final phase)")
+                tally.notes.append(f"{kind}: the run had finished its training (exit {code}) when the signal came")
             elif kind in GRACEFUL:
                 _check_graceful_stop(proc, kind, code, run, torchrun)
         if resume and resumed_from(proc.stderr) != expected:
@@ -226,6 +226,13 @@ def kill_chain(run: Path, data: Path, method: str, steps: int, kills: list[str],
 
 
 GRACEFUL = {"sigint": (signal.SIGINT, 130), "sigterm": (signal.SIGTERM, 143)}
+
+
+def _finished(run: Path) -> bool:
+    try:
+        return bool(json.loads((run / "summary.json").read_text()).get("finished"))
+    except (OSError, ValueError):
+        return False
 
 
 def _check_graceful_stop(proc: Proc, kind: str, code: int, run: Path, torchrun: bool) -> None:

@@ -45,7 +45,8 @@ def run(args) -> int:
 
     if args.file is not None:
         try:
-            data = Path(args.file).read_bytes()
+            with open(args.file, "rb") as f:
+                data = f.read(args.max_bytes)  # not more: the file may be huge (or /dev/zero)
         except OSError as e:
             raise RltokError(f"{args.file}: cannot read: {e.strerror or e}") from None
     else:
