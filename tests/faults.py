@@ -173,7 +173,8 @@ def alive(pid: int) -> bool:
 
 
 def kill_chain(run: Path, data: Path, method: str, steps: int, kills: list[str], rng: random.Random,
-               tally: Tally, torchrun: bool = False, extra: list[str] = (), mark_sleep: float = 0.3) -> None:
+               tally: Tally, torchrun: bool = False, extra: list[str] = (), mark_sleep: float = 0.3,
+               max_delay: float = 1.0) -> None:
     """Train ``run`` with one fault per entry of ``kills``, resuming after each, then finish.
 
     Kinds: ``sigkill-random`` (SIGKILL to every training process after a random delay once
@@ -195,7 +196,7 @@ def kill_chain(run: Path, data: Path, method: str, steps: int, kills: list[str],
             code = proc.wait()
             assert code == 0, f"final resume failed ({code}):\n{proc.stderr[-4000:]}"
         else:
-            killed = _inject(proc, kind, run, rng, newest_before)
+            killed = _inject(proc, kind, run, rng, newest_before, max_delay)
             code = proc.wait()
             if not killed:
                 tally.notes.append(f"{kind}: the run ended (exit {code}) before the fault was injected")
@@ -257,7 +258,8 @@ def _wait_gone(pids: list[int], timeout: float = 120) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _inject(proc: Proc, kind: str, run: Path, rng: random.Random, newest_before: int | None) -> bool:
+def _inject(proc: Proc, kind: str, run: Path, rng: random.Random, newest_before: int | None,
+            max_delay: float) -> bool:
     """Inject one fault into a running training; False if it ended first."""
     proc.workers = []  # type: ignore[attr-defined]
     if kind == "sigkill-in-checkpoint":
@@ -272,7 +274,7 @@ def _inject(proc: Proc, kind: str, run: Path, rng: random.Random, newest_before:
             if done and (newest_before is None or max(done) > newest_before):
                 break
             time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.0))
+        time.sleep(rng.uniform(0.0, max_delay))
     if proc.p.poll() is not None:
         return False
     workers = sorted(children(proc.p.pid))  # torchrun's workers (in sessions of their own)
