@@ -49,7 +49,9 @@ class Scored:
 
 
 def _as_bytes(t: str | bytes) -> bytes:
-    return t.encode("utf-8") if isinstance(t, str) else bytes(t)
+    from .text import to_bytes
+
+    return to_bytes(t)
 
 
 def _batch(texts: list[bytes], seq_len: int) -> Batch:

@@ -8,6 +8,10 @@ Writing is atomic: files go to a temporary directory, each is fsynced, the manif
 last, and the directory is renamed into place (then the parent is fsynced). A reader therefore
 sees either a complete checkpoint or none; a damaged one (truncated, corrupted, edited) fails its
 manifest check and is reported, and resuming falls back to the newest valid one.
+
+Test hook (inert unless set): ``RLTOK_FAULT_SLEEP_IN_CHECKPOINT=SECONDS`` makes a checkpoint write
+pause twice, after ``model.safetensors`` and before the final rename, announcing each pause on
+stderr (``rltok-fault: ...``), so that tests can kill the process inside the write.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +37,26 @@ CKPT_DIR = "checkpoints"
 
 class CheckpointError(RltokError):
     pass
+
+
+REQUIRED_FILES = ("model.safetensors", "optim.safetensors", "state.json")
+FAULT_SLEEP_ENV = "RLTOK_FAULT_SLEEP_IN_CHECKPOINT"
+
+
+def _fault_pause(where: str) -> None:
+    """Test hook: pause inside a checkpoint write (see the module docstring)."""
+    seconds = os.environ.get(FAULT_SLEEP_ENV)
+    if seconds:
+        print(f"rltok-fault: pausing {seconds}s {where}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds))
+
+
+def _cause(e: BaseException) -> str:
+    """One line saying why a write failed (safetensors reports I/O errors as SafetensorError)."""
+    return getattr(e, "strerror", None) or (str(e).splitlines() or [type(e).__name__])[0][:200]
+
+
+WRITE_ERRORS = (OSError, SafetensorError)
 
 
 # -- atomic file primitives ------------------------------------------------------------------------
@@ -54,6 +80,9 @@ def _fsync_file(path: Path) -> None:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write to a temporary name, fsync, rename. On failure (disk full, read-only) the old file
+    is untouched and an RltokError names the path."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
@@ -61,10 +90,19 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        _unlink_quietly(tmp)
+        if isinstance(e, OSError):
+            raise RltokError(f"cannot write {path}: {_cause(e)}") from None
         raise
     _fsync_dir(path.parent)
+
+
+def _unlink_quietly(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -72,13 +110,16 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def save_tensors_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         save_file(_contiguous(tensors), str(tmp), metadata=metadata)
         _fsync_file(tmp)
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as e:
+        _unlink_quietly(tmp)
+        if isinstance(e, WRITE_ERRORS):
+            raise RltokError(f"cannot write {path}: {_cause(e)}") from None
         raise
     _fsync_dir(path.parent)
 
@@ -159,10 +200,12 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict[str, torch.Ten
         tmp.mkdir()
         optim_tensors, optim_meta = optim
         save_file(_contiguous(model_tensors), str(tmp / "model.safetensors"), metadata={"format": FORMAT})
+        _fault_pause(f"in checkpoint {final.name} after model.safetensors")
         save_file(_contiguous(optim_tensors), str(tmp / "optim.safetensors"), metadata={"format": FORMAT})
-        (tmp / "state.json").write_text(json.dumps({**state, "optimizer": optim_meta}, indent=2, sort_keys=True))
+        with open(tmp / "state.json", "w") as f:
+            json.dump({**state, "optimizer": optim_meta}, f, indent=2, sort_keys=True)
         files = {}
-        for name in ("model.safetensors", "optim.safetensors", "state.json"):
+        for name in REQUIRED_FILES:
             _fsync_file(tmp / name)
             files[name] = {"size": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
         manifest = {"format": FORMAT, "step": step, "files": files}
@@ -171,19 +214,46 @@ def save_checkpoint(run_dir: Path, step: int, model_tensors: dict[str, torch.Ten
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        _fault_pause(f"in checkpoint {final.name} before the rename")
         if final.exists():  # re-saving the same step: move the old one aside first
-            trash = root / f".old-{final.name}-{os.getpid()}"
-            os.replace(final, trash)
-            shutil.rmtree(trash, ignore_errors=True)
+            _remove_dir(final)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except OSError as e:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"cannot write checkpoint to {final}: {e.strerror or e}; "
-                              f"earlier checkpoints are intact") from None
+        if isinstance(e, WRITE_ERRORS):
+            raise CheckpointError(f"cannot write checkpoint to {final}: {_cause(e)}; "
+                                  f"earlier checkpoints are intact") from None
+        raise
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_dir(old)
     return final
+
+
+def _remove_dir(path: Path) -> None:
+    """Rename aside, then delete: a kill in the middle leaves a hidden directory (removed later
+    by remove_stale_temporaries), never a half-deleted checkpoint."""
+    trash = path.with_name(f".old-{path.name}-{os.getpid()}")
+    try:
+        os.replace(path, trash)
+    except OSError:
+        trash = path
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def remove_stale_temporaries(run_dir: Path) -> list[Path]:
+    """Remove what a killed writer leaves behind: temporary checkpoint directories and
+    temporary files of atomic writes. Call only while no other process writes this run."""
+    run_dir = Path(run_dir)
+    stale = [p for p in checkpoint_dir(run_dir).glob(".tmp-step_*")] + \
+        [p for p in checkpoint_dir(run_dir).glob(".old-step_*")] + \
+        [p for p in run_dir.glob(".*.tmp-*") if p.is_file()]
+    for p in stale:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            _unlink_quietly(p)
+    return stale
 
 
 def verify_checkpoint(path: Path) -> dict[str, Any]:
@@ -193,11 +263,16 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         manifest = json.loads(man_path.read_text())
     except FileNotFoundError:
         raise CheckpointError(f"{path}: incomplete checkpoint (no manifest.json)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError):
+    except (ValueError, RecursionError, OSError):
         raise CheckpointError(f"{man_path}: unreadable manifest") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT or not isinstance(manifest.get("files"), dict):
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if (not isinstance(files, dict) or manifest.get("format") != FORMAT
+            or not all(isinstance(i, dict) for i in files.values())):
         raise CheckpointError(f"{man_path}: not an rltok checkpoint manifest")
-    for name, info in manifest["files"].items():
+    for name in REQUIRED_FILES:
+        if name not in files:
+            raise CheckpointError(f"{man_path}: does not list {name}")
+    for name, info in files.items():
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: missing {name}")
@@ -209,13 +284,26 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, Any]]:
+    """Verify and read a checkpoint: tensors through safetensors, the rest through JSON. A file
+    that is not what it should be (a pickle, a truncated file, JSON of the wrong shape) raises
+    CheckpointError; nothing in it is ever executed."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such checkpoint directory")
     verify_checkpoint(path)
     model = load_tensors(path / "model.safetensors")
     optim = load_tensors(path / "optim.safetensors")
     try:
         state = json.loads((path / "state.json").read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path / 'state.json'}: invalid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:
+        raise CheckpointError(f"{path / 'state.json'}: invalid JSON ({str(e)[:200]})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path / 'state.json'}: not a JSON object")
+    for key in ("step", "bytes_seen"):
+        if not isinstance(state.get(key), int) or isinstance(state.get(key), bool) or state[key] < 0:
+            raise CheckpointError(f"{path / 'state.json'}: {key!r} must be a non-negative integer")
+    if not isinstance(state.get("optimizer"), dict):
+        raise CheckpointError(f"{path / 'state.json'}: no optimizer state")
     return model, optim, state
 
 
@@ -225,6 +313,17 @@ def latest_valid_checkpoint(run_dir: Path, warn=print) -> Path | None:
         try:
             verify_checkpoint(path)
             return path
+        except CheckpointError as e:
+            warn(f"rltok: skipping damaged checkpoint: {e}")
+    return None
+
+
+def load_latest_checkpoint(run_dir: Path, warn=print):
+    """The newest checkpoint that verifies *and* loads, as ``(path, model, optim, state)``;
+    None if there is none. Each damaged newer one is reported through ``warn`` and skipped."""
+    for path in reversed(list_checkpoints(run_dir)):
+        try:
+            return (path, *load_checkpoint(path))
         except CheckpointError as e:
             warn(f"rltok: skipping damaged checkpoint: {e}")
     return None

@@ -109,6 +109,8 @@ def parse_seeds(text: str) -> list[int]:
         raise RltokError(f"--seeds {text!r} must be comma-separated integers (e.g. 1,2,3)") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise RltokError(f"--seeds {text!r} must list distinct integers")
+    if not all(0 <= s < 2 ** 63 for s in seeds):
+        raise RltokError(f"--seeds {text!r}: seeds must be in [0, 2**63)")
     return seeds
 
 

@@ -59,6 +59,8 @@ class ModelConfig:
         _check(self.window >= 1, f"model.window={self.window} must be >= 1")
         _check(self.seq_len >= 2, f"model.seq_len={self.seq_len} must be >= 2")
         _check(self.byte_mlp_ratio > 0 and self.main_mlp_ratio > 0, "model.*_mlp_ratio must be > 0")
+        _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0")
+        _check(self.norm_eps >= 0, f"model.norm_eps={self.norm_eps} must be >= 0")
         _check(self.chunk_pad_multiple >= 1, "model.chunk_pad_multiple must be >= 1")
 
 
@@ -117,6 +119,8 @@ class TrainConfig:
         _check(self.max_steps >= 0, "train.max_steps must be >= 0")
         _check(self.weight_decay >= 0, "train.weight_decay must be >= 0")
         _check(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "train.beta1/beta2 must be in [0, 1)")
+        _check(self.eps >= 0, f"train.eps={self.eps} must be >= 0")
+        _check(self.seed >= 0, f"train.seed={self.seed} must be >= 0")
         _check(self.grad_clip >= 0, "train.grad_clip must be >= 0 (0 disables)")
         _check(self.dtype in ("bf16", "fp32"), f"train.dtype={self.dtype!r} must be bf16 or fp32")
         _check(self.log_every >= 1, "train.log_every must be >= 1")
@@ -158,6 +162,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
 
     def validate(self) -> "RunConfig":
+        for section in ("model", "boundary", "train", "data"):
+            _check_types(getattr(self, section), section)
         t = self.train
         if t.batch_bytes > 0:  # the global batch in bytes wins over batch_size
             _check(t.batch_bytes % self.model.seq_len == 0,
@@ -190,13 +196,16 @@ class RunConfig:
         from .boundaries import get_method
 
         method = d.get("method", "rl")
+        _check(isinstance(method, str), f"method={method!r} must be a string")
         spec = get_method(method)
-        cfg = cls(method=method, preset=d.get("preset", ""), recipe=d.get("recipe", ""),
+        cfg = cls(method=method, preset=str(d.get("preset", "")), recipe=str(d.get("recipe", "")),
                   boundary=spec.config_cls())
         for section in ("model", "boundary", "train", "data"):
             obj = getattr(cfg, section)
             known = {f.name for f in fields(obj)}
-            for k, v in (d.get(section) or {}).items():
+            values = d.get(section) or {}
+            _check(isinstance(values, dict), f"{section!r} must be a JSON object")
+            for k, v in values.items():
                 if k in known:  # unknown keys from other versions are ignored on load
                     setattr(obj, k, v)
         return cfg
@@ -205,6 +214,26 @@ class RunConfig:
 def _check(ok: bool, message: str) -> None:
     if not ok:
         raise RltokError(message)
+
+
+def _check_types(obj: Any, section: str) -> None:
+    """Every field holds a value of its declared type; numbers are finite and fit in 64 bits
+    (whatever set them: a preset, --set, a Python dict or a run's config.json)."""
+    hints = typing.get_type_hints(type(obj))
+    for f in fields(obj):
+        v, tp = getattr(obj, f.name), hints.get(f.name)
+        if tp is bool:
+            ok, what = isinstance(v, bool), "true or false"
+        elif tp is int:
+            ok, what = isinstance(v, int) and not isinstance(v, bool) and -2 ** 63 <= v < 2 ** 63, "a 64-bit integer"
+        elif tp is float:
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            what = "a finite number"
+        elif tp is str:
+            ok, what = isinstance(v, str), "a string"
+        else:
+            continue
+        _check(ok, f"{section}.{f.name}={v!r} must be {what}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -404,6 +433,6 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
                 a, b = v.split("/", 1)
                 return float(a) / float(b)
             return float(v)
-    except ValueError:
+    except (ValueError, ZeroDivisionError, OverflowError):
         raise RltokError(f"option {key}: cannot read {value!r} as {getattr(tp, '__name__', tp)}") from None
     return v

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,6 +62,44 @@ class DistInfo:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+class StopVote:
+    """Ranks agree to stop without a host sync in the training stream. Each step, every rank posts
+    its flag (a signal arrived, the torchrun agent is gone) in an asynchronous all-reduce (max) on
+    a CPU (gloo) group and reads the result it posted one step earlier: all ranks learn it at the
+    same step boundary, at most one step after the last rank saw the signal, and stop together.
+    One process: the flag itself, at once."""
+
+    def __init__(self, info: DistInfo):
+        self.group = dist.new_group(backend="gloo") if info.enabled else None
+        self.pending: tuple[torch.Tensor, Any] | None = None
+
+    def step(self, flag: bool) -> bool:
+        if self.group is None:
+            return flag
+        agreed = False
+        if self.pending is not None:
+            t, work = self.pending
+            work.wait()
+            agreed = bool(t.item() > 0)
+        t = torch.tensor([1.0 if flag else 0.0])
+        self.pending = (t, dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group, async_op=True))
+        return agreed
+
+    def finish(self) -> bool:
+        """Wait for the last posted vote (every rank posts the same number); its result."""
+        agreed = False
+        if self.pending is not None:
+            t, work = self.pending
+            work.wait()
+            agreed = bool(t.item() > 0)
+            self.pending = None
+        return agreed
+
+
+def launched_by_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ
 
 
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from .boundaries.base import BoundaryStep, select_rows
-from .config import BOS, N_OUTPUT_IDS, PAD
+from .config import BOS, PAD
 from .errors import RltokError
 from .model.layers import KVCache, rope_angles
 
@@ -400,7 +400,9 @@ class _Streamer:
 
 
 def _as_bytes(p: str | bytes) -> bytes:
-    return p.encode("utf-8") if isinstance(p, str) else bytes(p)
+    from .text import to_bytes
+
+    return to_bytes(p)
 
 
 def _check_args(max_new_bytes: int, temperature: float, top_p: float, top_k: int, boundary_mode: str,

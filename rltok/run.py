@@ -6,11 +6,13 @@
     RUN/summary.json         written last: {"finished": true, final evaluation, throughput, ...}
     RUN/checkpoints/step_*/  resumable checkpoints (see checkpoint.py)
     RUN/<method files>       e.g. tokenizer.json for BPE-guided boundaries
+    RUN/.lock                held (flock) by the process that trains the run
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ CONFIG = "config.json"
 MODEL = "model.safetensors"
 METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
+LOCK = ".lock"
 
 
 def is_run(path: Path) -> bool:
@@ -43,7 +46,10 @@ def read_config(run_dir: Path) -> RunConfig:
         raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
     if not isinstance(d, dict):
         raise RltokError(f"{run_dir / CONFIG}: not a run config")
-    return RunConfig.from_dict(d)
+    try:
+        return RunConfig.from_dict(d).validate()
+    except RltokError as e:
+        raise RltokError(f"{run_dir / CONFIG}: {e}") from None
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
@@ -63,6 +69,48 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
 def is_finished(run_dir: Path) -> bool:
     s = read_summary(run_dir)
     return bool(s and s.get("finished")) and (Path(run_dir) / MODEL).is_file()
+
+
+class RunLock:
+    """An exclusive lock on a run directory while a training process writes it, so that a second
+    training of the same run (a requeued job while the old one still runs, workers orphaned by a
+    killed torchrun agent) is refused instead of interleaving checkpoints. ``flock`` locks are
+    released by the kernel when the holder dies, even by SIGKILL: a lock is never stale.
+    Where ``flock`` is unavailable (Windows, some network file systems) training runs unlocked."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir)
+        self.fd: int | None = None
+
+    def acquire(self) -> "RunLock":
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover
+            return self
+        path = self.run_dir / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise RltokError(f"cannot write {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise RltokError(f"{self.run_dir} is being trained by another process (pid {holder}); "
+                             f"wait for it to end or stop it first") from None
+        except OSError:  # no flock on this file system
+            os.close(fd)
+            return self
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = None
 
 
 def build_model(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:

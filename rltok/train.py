@@ -5,7 +5,9 @@ number (see data/loader.py), run the method's loss under autocast, backpropagate
 that the loss and gradient are finite (a non-finite step is skipped, counted and logged), step
 AdamW with the byte-based warmup + cosine learning rate. Metrics go to RUN/metrics.jsonl;
 checkpoints are written atomically; SIGINT/SIGTERM stop at the next step boundary with a
-checkpoint (exit 130/143); a second SIGINT aborts at once.
+checkpoint (exit 130/143; under torchrun the ranks vote every step and stop together, and a
+worker whose agent died stops too); a second SIGINT aborts at once. Resuming takes the newest
+checkpoint that verifies and loads. docs/robustness.md lists what survives what.
 """
 
 from __future__ import annotations
@@ -28,11 +30,11 @@ from .config import RunConfig
 from .data import load_splits
 from .data.corpus import Splits
 from .data.loader import SequenceDataset
-from .distributed import DistInfo, init_distributed
+from .distributed import DistInfo, StopVote, init_distributed, launched_by_torchrun
 from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
-from .run import METRICS, MODEL, SUMMARY, build_model, read_config, write_config
+from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, read_config, write_config
 
 EXIT_SIGINT = 130
 EXIT_SIGTERM = 143
@@ -67,6 +69,8 @@ class StopRequest:
 
     def _handle(self, signum, frame) -> None:
         if self.signum is not None and signum == signal.SIGINT:
+            print("\nrltok: second SIGINT: aborting now, without a final checkpoint (--resume continues "
+                  "from the newest one on disk)", file=sys.stderr, flush=True)
             raise KeyboardInterrupt
         self.signum = signum
         print(f"\nrltok: {signal.Signals(signum).name} received: stopping after this step "
@@ -97,22 +101,28 @@ class MetricsLog:
         self.path, self.enabled = path, enabled
 
     def truncate_after(self, step: int) -> None:
-        """On resume: drop lines logged after the checkpoint we resume from."""
+        """On resume: drop lines logged after the checkpoint we resume from, a line cut by a
+        crash, and a final evaluation (the resumed run repeats it)."""
         if not (self.enabled and self.path.exists()):
             return
         keep = []
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(errors="replace").splitlines():
             try:
-                if json.loads(line).get("step", 0) <= step:
-                    keep.append(line)
-            except json.JSONDecodeError:
+                rec = json.loads(line)
+            except ValueError:
                 continue  # a line cut by a crash
+            at = rec.get("step", 0) if isinstance(rec, dict) else None
+            if isinstance(at, (int, float)) and at <= step and rec.get("event") != "final_eval":
+                keep.append(line)
         ckpt.write_bytes_atomic(self.path, ("\n".join(keep) + "\n").encode() if keep else b"")
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(record, allow_nan=True) + "\n")
+            try:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(record, allow_nan=True) + "\n")
+            except OSError as e:
+                raise RltokError(f"cannot write {self.path}: {e.strerror or e}") from None
 
 
 def _round(x: float) -> float:
@@ -234,10 +244,27 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     during that step (for tests of interruption and resume)."""
     out = Path(out)
     info = init_distributed(cfg.train.device)
-    cfg = prepare_run_dir(cfg, out, resume)
-    info.barrier()  # every rank has looked at RUN before rank 0 writes into it
-    if info.is_main:
-        out.mkdir(parents=True, exist_ok=True)
+    lock = RunLock(out)
+    try:
+        if info.is_main:
+            # lock before looking at RUN: a second training of the same run is refused
+            if not resume:
+                try:
+                    out.mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise RltokError(f"--out {out}: cannot create the run directory: {e.strerror or e}") from None
+            if out.is_dir():
+                lock.acquire()
+                ckpt.remove_stale_temporaries(out)  # what a killed writer left behind
+        cfg = prepare_run_dir(cfg, out, resume)
+        info.barrier()  # every rank has looked at RUN before rank 0 writes into it
+        return _train(cfg, out, info, resume=resume, progress=progress, splits=splits, stop_at_step=stop_at_step)
+    finally:
+        lock.release()
+
+
+def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress: bool,
+           splits: Splits | None, stop_at_step: int | None) -> TrainResult:
     t = cfg.train
     layout = batch_layout(cfg, info.world)
 
@@ -261,21 +288,28 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     log = MetricsLog(out / METRICS, info.is_main)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
 
-    step, bytes_seen, bad_total = 0, 0, 0
+    step, bytes_seen, bad_total, consecutive_bad = 0, 0, 0, 0
     resume_from = None
+    last_saved = -1  # the step of the newest checkpoint on disk (never write the same step twice)
     if resume:
-        path = ckpt.latest_valid_checkpoint(out, warn=warn)
-        if path is None:
+        found = ckpt.load_latest_checkpoint(out, warn=warn)
+        if found is None:
             warn(f"rltok: {out} has no valid checkpoint; starting from step 0")
             log.truncate_after(0)
         else:
-            m, o, state = ckpt.load_checkpoint(path)
-            model.load_state_dict(m)  # full weights, before sharding: any world size
-            resume_from = (o, state)
-            step, bytes_seen = int(state["step"]), int(state["bytes_seen"])
+            path, m, o, state = found
+            try:
+                model.load_state_dict(m)  # full weights, before sharding: any world size
+                if "torch_rng" in state:
+                    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+            except (RuntimeError, ValueError, TypeError) as e:
+                raise ckpt.CheckpointError(f"{path}: does not fit this run's model "
+                                           f"({str(e).splitlines()[0][:200]})") from None
+            resume_from = (o, state, path)
+            step, bytes_seen = state["step"], state["bytes_seen"]
             bad_total = int(state.get("bad_steps", 0))
-            if "torch_rng" in state:
-                torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+            consecutive_bad = int(state.get("consecutive_bad_steps", 0))
+            last_saved = step
             log.truncate_after(step)
             warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes"
                  f"{'' if state.get('world_size', info.world) == info.world else ', saved with %d processes, now %d' % (state['world_size'], info.world)})")
@@ -286,8 +320,12 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     sharded = info.enabled and t.parallel == "fsdp"
     opt = make_optimizer(model, cfg)  # after sharding: FSDP replaces the parameters
     if resume_from is not None:
-        o, state = resume_from
-        load_full_optimizer_state(model, opt, o, state["optimizer"], sharded)
+        o, state, path = resume_from
+        try:
+            load_full_optimizer_state(model, opt, o, state["optimizer"], sharded)
+        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
+            raise ckpt.CheckpointError(f"{path}: optimizer state does not fit this run "
+                                       f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
 
     dataset = SequenceDataset(splits.train, cfg.model.seq_len, t.seed, cfg.data.packing)
     runner = TrainStep(model, fwd, opt, cfg, info, dataset, layout)
@@ -298,16 +336,21 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     next_eval = (bytes_seen // eval_every + 1) * eval_every if eval_every else None
 
     def save(at_step: int) -> Path | None:
+        nonlocal last_saved
+        if at_step == last_saved:  # already on disk (e.g. resumed at the end): never rewrite it
+            return ckpt.checkpoint_dir(out) / f"step_{at_step:08d}" if info.is_main else None
         # gathering sharded weights is collective: every rank takes part, rank 0 writes
         weights = full_state_dict(model)
         optim = full_optimizer_state(model, opt, sharded)
         path = None
         if info.is_main:
             state = {"step": at_step, "bytes_seen": bytes_seen, "bad_steps": bad_total,
+                     "consecutive_bad_steps": consecutive_bad,
                      "world_size": info.world, "torch_rng": torch.get_rng_state().tolist(),
                      "config": cfg.to_dict()}
             path = ckpt.save_checkpoint(out, at_step, weights, optim, state, t.keep_checkpoints)
         info.barrier()
+        last_saved = at_step
         return path
 
     def evaluate(tag: str) -> dict[str, Any]:
@@ -334,11 +377,13 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     acc: dict[str, torch.Tensor] = {}
     acc_n = 0
     pending: list[tuple[int, StepOutput]] = []  # steps since the last log, for the skip report
-    consecutive_bad = 0
     t_log, bytes_log = time.perf_counter(), bytes_seen
     t_start = time.perf_counter()
     exit_code = 0
     model.train()
+    vote = StopVote(info)
+    # under torchrun, a worker whose agent died (SIGKILL, OOM killer) stops as if sent SIGTERM
+    parent = os.getppid() if launched_by_torchrun() else None
     with StopRequest() as stop:
         while step < total_steps:
             lr = lr_at(bytes_seen, cfg, total_bytes)
@@ -358,15 +403,15 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
             at_log = step % t.log_every == 0 or step == total_steps
             if stop_at_step is not None and step >= stop_at_step and stop.signum is None:
                 stop.signum = signal.SIGINT
-            if info.enabled:
-                # stop_at_step is the same step on every rank; a signal may reach one rank first,
-                # so the ranks agree at log steps (a small collective there, not every step)
-                stopping = (stop_at_step is not None and step >= stop_at_step) or \
-                    (at_log and info.any(stop.signum is not None))
-                if stopping and stop.signum is None:
-                    stop.signum = signal.SIGTERM
-            else:
-                stopping = stop.signum is not None
+            if parent is not None and stop.signum is None and os.getppid() != parent:
+                warn("rltok: the torchrun agent is gone: stopping as if sent SIGTERM")
+                stop.signum = signal.SIGTERM
+            # a signal may reach one rank a step before another: the ranks vote every step (an
+            # asynchronous all-reduce read one step later) and stop together; stop_at_step is the
+            # same step on every rank
+            stopping = vote.step(stop.signum is not None) or (stop_at_step is not None and step >= stop_at_step)
+            if info.enabled and stopping and stop.signum is None:
+                stop.signum = signal.SIGTERM
             if at_log or stopping or step % ckpt_every == 0:
                 # one host read for the whole interval: which steps were skipped
                 flags = torch.stack([p[1].skipped for p in pending]).tolist()
@@ -415,27 +460,38 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
                 warn(f"rltok: stopped at step {step}; checkpoint {path.name if path else ''} written; "
                      f"continue with --resume")
                 break
-    if bar is not None:
-        bar.close()
+        # a signal after the last step's vote: stop before the final evaluation (the last step's
+        # checkpoint holds everything; --resume writes the final weights)
+        late = vote.finish() if info.enabled else stop.signum is not None
+        if exit_code == 0 and late:
+            if stop.signum is None:
+                stop.signum = signal.SIGTERM
+            path = save(step)
+            exit_code = stop.exit_code
+            warn(f"rltok: stopped at step {step} (the last); checkpoint {path.name if path else ''} written; "
+                 f"--resume writes the final weights")
+        if bar is not None:
+            bar.close()
 
-    summary: dict[str, Any] = {}
-    if exit_code == 0:
-        save(step)
-        final = evaluate("final_eval")
-        weights = full_state_dict(model)
-        if info.is_main:
-            ckpt.save_tensors_atomic(out / MODEL, weights,
-                                     metadata={"format": "rltok-model-v1", "method": cfg.method})
-            per_byte, per_chunk = _flop_params(model)
-            summary = {
-                "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
-                "params": sum(p.numel() for p in model.parameters()),
-                "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
-                "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
-                "world_size": info.world, **final,
-            }
-            ckpt.write_json_atomic(out / SUMMARY, summary)
-        info.barrier()
+        # the final phase (evaluation, weights, summary) is short: a signal now lets it finish
+        summary: dict[str, Any] = {}
+        if exit_code == 0:
+            save(step)
+            final = evaluate("final_eval")
+            weights = full_state_dict(model)
+            if info.is_main:
+                ckpt.save_tensors_atomic(out / MODEL, weights,
+                                         metadata={"format": "rltok-model-v1", "method": cfg.method})
+                per_byte, per_chunk = _flop_params(model)
+                summary = {
+                    "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
+                    "params": sum(p.numel() for p in model.parameters()),
+                    "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
+                    "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
+                    "world_size": info.world, **final,
+                }
+                ckpt.write_json_atomic(out / SUMMARY, summary)
+            info.barrier()
     return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
 
 

@@ -55,7 +55,6 @@ def test_fixed_boundaries_are_causal(method, pattern):
 def test_method_boundaries_are_causal(method, over):
     """With the method drawing its own boundaries (fixed noise), outputs up to t are unchanged
     when bytes after t change, and gradients from later inputs are zero."""
-    spec = get_method(method)
     model = _model(method, **over)
     mod = model.boundary
     if not type(mod).causal:

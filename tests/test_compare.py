@@ -120,7 +120,6 @@ def test_compare_end_to_end_and_resume(capsys, small_corpus_file, tmp_path, one_
 
 def test_compare_continues_an_interrupted_run(capsys, small_corpus_file, tmp_path, one_thread):
     from rltok.compare import CompareSpec, run_compare
-    from rltok.config import build_config
     from rltok.run import is_finished
     from rltok.train import train
 

@@ -88,7 +88,6 @@ def test_stream_windows_are_deterministic_and_insert_bos():
     for g in range(10):
         w = ds.ids(g).tolist()
         assert len(w) == 5
-        start = stream.index(w[0]) if False else None  # noqa: F841
         s = "".join(map(chr, [x if x < 256 else 0x2400 for x in w]))
         doubled = "".join(map(chr, [x if x < 256 else 0x2400 for x in stream * 3]))
         assert s in doubled  # every window is a contiguous (cyclic) slice of the stream

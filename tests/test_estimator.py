@@ -8,7 +8,6 @@ import torch
 
 from rltok import estimator as est
 from rltok.boundaries import get_method
-from rltok.boundaries.base import bernoulli_log_prob
 from rltok.config import build_config
 from rltok.objectives import per_position_ce
 

@@ -8,7 +8,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from rltok.boundaries import get_method, method_names
 from rltok.boundaries.base import BoundaryModule, BoundaryOutput
@@ -39,7 +38,6 @@ def _decodable():
     """(method, overrides) for every registered U-Net method that implements step, rl twice."""
     out = []
     for name in method_names():
-        spec = get_method(name)
         if name in ("bytes", "bpe-lm"):
             continue
         m = _model(name)

@@ -12,7 +12,6 @@ import torch
 
 from conftest import SHARED_DATA, shared_file
 from rltok.cli import main
-from rltok.config import BOS
 from rltok.errors import RltokError
 from rltok.run import load_model
 from rltok.tasks import load_task

@@ -13,9 +13,9 @@ from rltok import bpe as bpe_lib
 from rltok.boundaries import get_method
 from rltok.boundaries.bpe import _BYTE_SYMBOL, BoundaryCache, bpe_boundaries_for_ids, encode_many
 from rltok.boundaries.bpe_lm import TokenLM, bpe_lm_score, to_tokens
-from rltok.config import BOS, PAD, build_config
+from rltok.config import BOS, build_config
 from rltok.data.corpus import Corpus
-from rltok.data.loader import Batch, document_batches
+from rltok.data.loader import document_batches
 from rltok.evaluate import evaluate_corpus
 from rltok.flops import (flat_flops, mean_causal_keys, reference_unet, reference_unet_params,
                          training_flops_per_byte, unet_flops)

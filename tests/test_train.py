@@ -7,7 +7,6 @@ import torch
 
 from rltok.boundaries import get_method
 from rltok.config import build_config
-from rltok.data.corpus import Corpus
 from rltok.data.loader import SequenceDataset
 from rltok.objectives import training_loss
 from rltok.run import load_model

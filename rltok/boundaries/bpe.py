@@ -18,7 +18,6 @@ A stream window that starts inside a document tokenizes its first partial word a
 
 from __future__ import annotations
 
-import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path

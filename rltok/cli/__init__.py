@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 
 from ..errors import RltokError
@@ -64,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:
+        # the environment (a missing folder, a full or read-only disk) refused a read or write
+        # that no reader or writer above turned into a RltokError: still one line naming the file
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
 
 
 def parse_size(text: str) -> int:
@@ -76,6 +83,8 @@ def parse_size(text: str) -> int:
         v = float(s) * mult
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 6e6, 6M, 500k)") from None
+    if not math.isfinite(v) or v >= 2 ** 63:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite size below 2**63")
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
     return int(v)
@@ -91,6 +100,54 @@ def positive_int(text: str) -> int:
     return v
 
 
+def nonneg_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return v
+
+
+def positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
+def seed_arg(text: str) -> int:
+    """A seed: an integer in [0, 2**63) (numpy's generators take no negative seeds)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v < 2 ** 63:
+        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 2**63)")
+    return v
+
+
+def device_arg(text: str) -> str:
+    """A torch device that exists here: cpu, cuda, cuda:N."""
+    import torch
+
+    try:
+        dev = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a device (cpu, cuda, cuda:N)") from None
+    if dev.type == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n == 0 or (dev.index or 0) >= n:
+            raise argparse.ArgumentTypeError(f"{text!r}: no such CUDA device here ({n} visible)")
+    elif dev.type != "cpu":
+        raise argparse.ArgumentTypeError(f"{text!r}: only cpu and cuda devices are supported")
+    return text
+
+
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="CPU threads for torch (0 = torch's default). On a machine shared with other "
@@ -99,8 +156,8 @@ def add_threads_arg(p: argparse.ArgumentParser) -> None:
 
 def apply_threads(args) -> None:
     n = getattr(args, "threads", 0) or 0
-    if n < 0:
-        raise RltokError(f"--threads {n} must be >= 0")
+    if n < 0 or n > 4096:
+        raise RltokError(f"--threads {n} must be in [0, 4096]")
     if n:
         import torch
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
 
-from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, device_arg, positive_int, seed_arg
 
 
 def register(sub) -> None:
@@ -33,9 +32,9 @@ def register(sub) -> None:
                    help="do not train the rate-matched BPE on the first run's training split")
     p.add_argument("--out", default=None, help="folder for analysis.json, udhr.md/.csv and the charts")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries instead of a sample")
-    p.add_argument("--seed", type=int, default=0, help="seed of the boundary sample")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the boundary sample")
     p.add_argument("--batch-size", type=positive_int, default=16, help="pieces per forward pass")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: each run's training dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -57,7 +56,6 @@ def run(args) -> int:
     from ..bpe import load_tokenizer
     from ..data import load_splits
     from ..data.sources import load_corpus
-    from ..errors import RltokError
     from ..run import load_model
 
     progress = not (args.no_progress or args.json)

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from . import HelpFormatter, positive_int
+from . import HelpFormatter, nonneg_int, positive_float, positive_int
 
 
 def register(sub) -> None:
@@ -23,14 +22,14 @@ def register(sub) -> None:
     p.add_argument("--method", action="append", default=None,
                    help="boundary method; repeat (or comma-separate) to compare side by side (default: rl)")
     p.add_argument("--steps", type=positive_int, default=10, help="timed optimizer steps per method")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps per method first")
+    p.add_argument("--warmup", type=nonneg_int, default=2, help="untimed steps per method first")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the preset's")
     p.add_argument("--data", default=None, help="data source (default: the preset's)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="sequences per step (default: the preset's global batch)")
     p.add_argument("--compile", action="store_true", help="torch.compile each Transformer block")
-    p.add_argument("--peak-seconds", type=float, default=1.0,
+    p.add_argument("--peak-seconds", type=positive_float, default=1.0,
                    help="seconds spent measuring the matmul peak, before and after the steps")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override any config field, as in `rltok train`")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from . import HelpFormatter, add_threads_arg, apply_threads
+from . import HelpFormatter, add_threads_arg, apply_threads, device_arg, positive_int, seed_arg
 
 
 def register(sub) -> None:
@@ -19,15 +18,15 @@ def register(sub) -> None:
         formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="the text")
+    src.add_argument("--text", help="the text (one that starts with '-': --text=TEXT)")
     src.add_argument("--file", help="read the text from a file (bytes as they are)")
     p.add_argument("--html", default=None, help="write a self-contained HTML page here")
     p.add_argument("--png", default=None, help="write a PNG here")
-    p.add_argument("--max-bytes", type=int, default=4096, help="show at most this many bytes of the text")
+    p.add_argument("--max-bytes", type=positive_int, default=4096, help="show at most this many bytes of the text")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of a sample")
-    p.add_argument("--seed", type=int, default=0, help="seed of the boundary sample")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the boundary sample")
     p.add_argument("--sep", default="|", help="chunk delimiter in the terminal")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint instead of the final weights")
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -40,15 +39,17 @@ def run(args) -> int:
     from ..analysis import segment_docs
     from ..errors import RltokError
     from ..run import load_model
+    from ..text import printable, to_bytes
     from ..viz import render_html, render_png, render_terminal
 
     if args.file is not None:
         try:
-            data = Path(args.file).read_bytes()
+            with open(args.file, "rb") as f:
+                data = f.read(args.max_bytes)  # not more: the file may be huge (or /dev/zero)
         except OSError as e:
             raise RltokError(f"{args.file}: cannot read: {e.strerror or e}") from None
     else:
-        data = args.text.encode("utf-8")
+        data = to_bytes(args.text)  # bytes are bytes: invalid UTF-8 in the argument is kept
     data = data[: args.max_bytes]
     if not data:
         raise RltokError("the text is empty")
@@ -76,6 +77,6 @@ def run(args) -> int:
     if wrote:
         print(f"{info}\nwrote {', '.join(wrote)}")
     else:
-        sys.stdout.write(render_terminal(data, b, args.sep) + "\n")
+        sys.stdout.write(render_terminal(data, b, printable(args.sep)) + "\n")
         print(f"[{info}]", file=sys.stderr)
     return 0

@@ -6,7 +6,6 @@ function and a line.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from . import HelpFormatter, parse_size

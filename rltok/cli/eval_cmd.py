@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 
-from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, device_arg, positive_int, seed_arg
 
 
 def register(sub) -> None:
@@ -22,9 +21,9 @@ def register(sub) -> None:
     p.add_argument("--docs", type=positive_int, default=None, help="score the first N documents of the split")
     p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
-    p.add_argument("--seed", type=int, default=0, help="seed of the evaluation boundary samples")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the evaluation boundary samples")
     p.add_argument("--batch-size", type=positive_int, default=8, help="documents per forward pass")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
     p.add_argument("--checkpoint", default=None, help="evaluate a checkpoint (e.g. step_00000100) instead of the final weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")

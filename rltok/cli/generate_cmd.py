@@ -2,21 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from . import HelpFormatter, positive_int
+from . import HelpFormatter, device_arg, nonneg_int, seed_arg
 
 
-def _nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return v
 
 
 def register(sub) -> None:
@@ -29,12 +20,12 @@ def register(sub) -> None:
     p.add_argument("run", help="run directory")
     p.add_argument("--prompt", action="append", default=None,
                    help="prompt text; repeat for a batch; '-' reads one prompt from stdin (default: empty)")
-    p.add_argument("--max-bytes", type=_nonneg_int, default=256, help="new bytes per prompt at most")
+    p.add_argument("--max-bytes", type=nonneg_int, default=256, help="new bytes per prompt at most")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 = greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
-    p.add_argument("--top-k", type=_nonneg_int, default=0, help="sample among the k most likely bytes (0 = off)")
+    p.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k most likely bytes (0 = off)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable); removed from the output")
-    p.add_argument("--seed", type=int, default=None, help="seed of bytes and boundaries (default: fresh, printed)")
+    p.add_argument("--seed", type=seed_arg, default=None, help="seed of bytes and boundaries (default: fresh, printed)")
     p.add_argument("--greedy-boundaries", action="store_true",
                    help="boundary where its probability > 0.5 instead of sampling")
     p.add_argument("--no-cache", action="store_true",
@@ -42,9 +33,9 @@ def register(sub) -> None:
     p.add_argument("--show-boundaries", action="store_true",
                    help="also print prompt and continuation cut into the decoded chunks, separated by |")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="fp32", help="compute precision")
-    p.add_argument("--threads", type=_nonneg_int, default=0,
+    p.add_argument("--threads", type=nonneg_int, default=0,
                    help="CPU threads (0 = torch's default); 1 is often fastest for one byte at a time")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint (e.g. step_00000100) instead of the final weights")
     p.set_defaults(func=run)
@@ -56,12 +47,14 @@ def _prompts(args) -> list[str]:
         from ..errors import RltokError
 
         raise RltokError("--prompt -: stdin can supply only one prompt")
-    return [sys.stdin.read() if x == "-" else x for x in prompts]
+    # stdin as bytes: a prompt need not be valid UTF-8
+    return [sys.stdin.buffer.read() if x == "-" else x for x in prompts]
 
 
 def run(args) -> int:
     from ..generate import _check_args, generate
     from ..run import load_model
+    from ..text import printable, to_bytes
 
     prompts = _prompts(args)
     if args.threads:
@@ -76,14 +69,14 @@ def run(args) -> int:
         out.write(text)
         out.flush()
 
-    stops = [s.encode("utf-8") for s in args.stop or []]
+    stops = [to_bytes(s) for s in args.stop or []]
     _check_args(args.max_bytes, args.temperature, args.top_p, args.top_k, "sample", stops)  # before printing
     if streaming:
-        out.write(prompts[0])
+        out.write(printable(prompts[0]))
         out.flush()
     res = generate(model, prompts, args.max_bytes, temperature=args.temperature, top_p=args.top_p,
                    top_k=args.top_k, boundary_mode="greedy" if args.greedy_boundaries else "sample",
-                   stop=args.stop, seed=args.seed, stream=stream if streaming else None,
+                   stop=stops, seed=args.seed, stream=stream if streaming else None,
                    cache=not args.no_cache, dtype=args.dtype)
     for i, g in enumerate(res):
         chunks = [c.decode("utf-8", errors="replace") for c in g.chunks()]

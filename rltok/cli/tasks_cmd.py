@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
-from . import HelpFormatter, add_threads_arg, apply_threads, positive_int
+from . import HelpFormatter, add_threads_arg, apply_threads, device_arg, positive_int, seed_arg
 
 
 def register(sub) -> None:
@@ -31,9 +30,9 @@ def register(sub) -> None:
     p.add_argument("--no-generation", action="store_true", help="skip LAMBADA's greedy-decoding accuracy")
     p.add_argument("--greedy-boundaries", action="store_true",
                    help="boundaries with probability > 0.5 instead of sampled (the paper samples)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the boundary samples")
+    p.add_argument("--seed", type=seed_arg, default=0, help="seed of the boundary samples")
     p.add_argument("--batch-size", type=positive_int, default=16, help="requests per forward pass")
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
     p.add_argument("--checkpoint", default=None, help="score a checkpoint instead of the final weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")

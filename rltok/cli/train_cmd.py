@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 
 from . import HelpFormatter, add_threads_arg, apply_threads, parse_size, positive_int
 

@@ -156,9 +156,13 @@ def english_docs() -> list[bytes]:
     if not (dest / "offsets.npy").exists():
         print(f"rltok: fetching the built-in English corpus into {dest} (once)", file=sys.stderr)
         fetch_english(dest)
-    data = np.load(dest / "data.npy", mmap_mode="r")
-    offsets = np.load(dest / "offsets.npy")
-    return [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
+    try:
+        data = np.load(dest / "data.npy", mmap_mode="r")
+        offsets = np.load(dest / "offsets.npy")
+        return [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
+    except Exception as e:  # numpy raises many types for a damaged file
+        raise RltokError(f"{dest}: damaged cache of the built-in English corpus ({type(e).__name__}); "
+                         f"remove the folder to fetch it again") from None
 
 
 def load_builtin(name: str) -> list[bytes]:

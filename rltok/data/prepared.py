@@ -131,11 +131,44 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise RltokError(f"{d}: not a prepared corpus (no {MANIFEST}); create one with "
                          f"`rltok data prepare SOURCE --out {d}`") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
-        raise RltokError(f"{man}: unreadable manifest ({e})") from None
+    except (ValueError, RecursionError, OSError) as e:
+        raise RltokError(f"{man}: unreadable manifest ({str(e)[:200]})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT or not isinstance(m.get("files"), dict):
         raise RltokError(f"{man}: not an rltok prepared-corpus manifest (format {FORMAT})")
+    _check_manifest(man, m)
     return m
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def _safe_name(name) -> bool:
+    """A relative path inside the prepared directory."""
+    return isinstance(name, str) and bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
+
+
+def _check_manifest(man: Path, m: dict[str, Any]) -> None:
+    """The fields the readers use have the right types (a hand-edited or damaged manifest is
+    reported here, not as a crash later)."""
+    bad = None
+    for name, info in m["files"].items():
+        if not (_safe_name(name) and isinstance(info, dict) and _is_int(info.get("size"))
+                and isinstance(info.get("sha256"), str)):
+            bad = f"files[{name!r}]"
+            break
+    shards = m.get("shards")
+    if bad is None and not isinstance(shards, list):
+        bad = "shards"
+    elif bad is None:
+        for i, sh in enumerate(shards):
+            if not (isinstance(sh, dict) and _safe_name(sh.get("path")) and _is_int(sh.get("size"))):
+                bad = f"shards[{i}]"
+                break
+    if bad is None and not (isinstance(m.get("counts"), dict) and _is_int(m["counts"].get("bytes"))):
+        bad = "counts"
+    if bad is not None:
+        raise RltokError(f"{man}: malformed manifest entry {bad} (prepare the corpus again)")
 
 
 def _check_sizes(d: Path, manifest: dict[str, Any]) -> None:
@@ -150,9 +183,12 @@ def _check_sizes(d: Path, manifest: dict[str, Any]) -> None:
 
 def _load_index(d: Path, name: str) -> np.ndarray:
     try:
-        return np.load(d / name, mmap_mode="r")
-    except (OSError, ValueError) as e:
-        raise RltokError(f"{d / name}: unreadable index ({e})") from None
+        a = np.load(d / name, mmap_mode="r")
+    except Exception as e:  # a damaged .npy header makes numpy raise many types (ValueError, SyntaxError, ...)
+        raise RltokError(f"{d / name}: unreadable index ({type(e).__name__}: {str(e)[:200]})") from None
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise RltokError(f"{d / name}: not a 1-D integer index (shape {a.shape}, dtype {a.dtype})")
+    return a
 
 
 def open_all(path: str | Path) -> PreparedCorpus:
@@ -164,6 +200,12 @@ def open_all(path: str | Path) -> PreparedCorpus:
     data = ShardedBytes([d / s["path"] for s in shards], [s["size"] for s in shards])
     starts = np.asarray(_load_index(d, "doc_start.npy"), dtype=np.int64)
     lengths = np.asarray(_load_index(d, "doc_length.npy"), dtype=np.int64)
+    # a damaged index must fail here, not as an out-of-range read in the middle of training
+    if len(starts) != len(lengths):
+        raise RltokError(f"{d}: doc_start.npy and doc_length.npy differ in length ({len(starts)} vs {len(lengths)})")
+    if len(starts) and (starts.min() < 0 or lengths.min() < 0 or (starts + lengths).max() > len(data)):
+        raise RltokError(f"{d / 'doc_start.npy'}: documents outside the shards ({len(data):,} bytes); "
+                         f"prepare the corpus again")
     return PreparedCorpus(data, starts, lengths, name=str(d))
 
 
@@ -172,7 +214,12 @@ def open_prepared(path: str | Path) -> Splits:
     document is)."""
     d = Path(path).expanduser()
     every = open_all(d)
-    parts = {s: every.subset(np.asarray(_load_index(d, f"split_{s}.npy"), dtype=np.int64)) for s in SPLITS}
+    parts = {}
+    for s in SPLITS:
+        index = np.asarray(_load_index(d, f"split_{s}.npy"), dtype=np.int64)
+        if len(index) and (index.min() < 0 or index.max() >= len(every)):
+            raise RltokError(f"{d / f'split_{s}.npy'}: document numbers outside 0..{len(every) - 1}")
+        parts[s] = every.subset(index)
     return Splits(**parts)
 
 

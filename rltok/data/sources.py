@@ -66,6 +66,18 @@ def _text_of(obj, path: Path, where: str, field: str) -> bytes:
     return text.encode("utf-8", errors="surrogatepass")
 
 
+def json_error(e: BaseException) -> str:
+    """Why a JSON text did not parse, in a few words (json.loads also raises ValueError for
+    integers of more than 4300 digits, and RecursionError for very deep nesting)."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, UnicodeDecodeError):
+        return "invalid UTF-8"
+    if isinstance(e, RecursionError):
+        return "nested too deeply"
+    return str(e).split(";")[0][:100]
+
+
 def read_jsonl(path: Path, gz: bool, field: str) -> Iterator[bytes]:
     data = _open_bytes(path, gz)
     for lineno, line in enumerate(io.BytesIO(data), start=1):
@@ -73,9 +85,8 @@ def read_jsonl(path: Path, gz: bool, field: str) -> Iterator[bytes]:
             continue
         try:
             obj = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            msg = e.msg if isinstance(e, json.JSONDecodeError) else "invalid UTF-8"
-            raise RltokError(f"{path}:{lineno}: malformed JSON line ({msg})") from None
+        except (ValueError, RecursionError) as e:
+            raise RltokError(f"{path}:{lineno}: malformed JSON line ({json_error(e)})") from None
         yield _text_of(obj, path, str(lineno), field)
 
 
@@ -83,9 +94,9 @@ def read_json(path: Path, gz: bool, field: str) -> Iterator[bytes]:
     data = _open_bytes(path, gz)
     try:
         obj = json.loads(data)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:
         where = f"{e.lineno}" if isinstance(e, json.JSONDecodeError) else "1"
-        raise RltokError(f"{path}:{where}: malformed JSON") from None
+        raise RltokError(f"{path}:{where}: malformed JSON ({json_error(e)})") from None
     items = obj if isinstance(obj, list) else [obj]
     for i, item in enumerate(items):
         yield _text_of(item, path, f"item {i}", field)

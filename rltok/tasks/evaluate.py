@@ -28,7 +28,7 @@ import numpy as np
 from torch import nn
 
 from .formats import TaskItem
-from .scoring import Request, RequestScore, as_bytes, model_seq_len, score_requests
+from .scoring import Request, RequestScore, as_bytes, score_requests
 
 MISSING_GENERATION = "missing (needs generation: rltok.generate)"
 

@@ -105,42 +105,65 @@ def lambada_item(text: str, id: str) -> TaskItem:
 
 # -- readers -----------------------------------------------------------------------------------
 
-def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+def _read_raw(path: Path) -> bytes:
+    """The bytes of a file, bz2-decompressed if it ends in .bz2."""
     try:
         raw = path.read_bytes()
+        return bz2.decompress(raw) if path.suffix == ".bz2" else raw
     except OSError as e:
-        raise RltokError(f"{path}: cannot read: {e.strerror or e}") from None
-    if path.suffix == ".bz2":
-        raw = bz2.decompress(raw)
-    for lineno, line in enumerate(raw.splitlines(), start=1):
+        if e.strerror:
+            raise RltokError(f"{path}: cannot read: {e.strerror}") from None
+        raise RltokError(f"{path}: not a valid bz2 file ({e})") from None
+    except (ValueError, EOFError) as e:  # a truncated bz2 stream
+        raise RltokError(f"{path}: not a valid bz2 file ({e})") from None
+
+
+def _decode_lines(raw: bytes, path: Path) -> list[str]:
+    try:
+        return raw.decode("utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise RltokError(f"{path}:{line}: invalid UTF-8") from None
+
+
+def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    from ..data.sources import json_error
+
+    for lineno, line in enumerate(_read_raw(path).splitlines(), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise RltokError(f"{path}:{lineno}: malformed JSON line ({getattr(e, 'msg', 'invalid UTF-8')})") from None
+        except (ValueError, RecursionError) as e:
+            raise RltokError(f"{path}:{lineno}: malformed JSON line ({json_error(e)})") from None
         if not isinstance(obj, dict):
             raise RltokError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, obj
 
 
 def _field(obj: dict, key: str, path: Path, lineno: int, typ=str):
+    if not isinstance(obj, dict):
+        raise RltokError(f"{path}:{lineno}: expected a JSON object with a {key!r} field, got {type(obj).__name__}")
     if key not in obj:
         raise RltokError(f"{path}:{lineno}: no {key!r} field")
     v = obj[key]
-    if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit():
+    if typ is int and isinstance(v, str) and v.strip().lstrip("-").isdigit() and len(v) < 20:
         v = int(v)
-    if not isinstance(v, typ):
+    if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
         raise RltokError(f"{path}:{lineno}: field {key!r} is {type(v).__name__}, expected {typ.__name__}")
     return v
 
 
+def _strings(obj: dict, key: str, path: Path, lineno: int) -> list[str]:
+    """A non-empty list of strings."""
+    v = _field(obj, key, path, lineno, list)
+    if not v or not all(isinstance(x, str) for x in v):
+        raise RltokError(f"{path}:{lineno}: {key!r} must be a non-empty list of strings")
+    return v
+
+
 def read_piqa(jsonl: Path, labels: Path) -> list[TaskItem]:
-    try:
-        labs = labels.read_text().split("\n")
-    except OSError as e:
-        raise RltokError(f"{labels}: cannot read: {e.strerror or e}") from None
-    labs = [x.strip() for x in labs]
+    labs = [x.strip() for x in _decode_lines(_read_raw(labels), labels)]
     while labs and not labs[-1]:
         labs.pop()
     items = []
@@ -186,7 +209,7 @@ def read_lambada(path: Path) -> list[TaskItem]:
 def read_hellaswag_jsonl(path: Path) -> list[TaskItem]:
     items = []
     for n, (lineno, obj) in enumerate(_json_lines(path)):
-        endings = _field(obj, "endings", path, lineno, list)
+        endings = _strings(obj, "endings", path, lineno)
         label = _field(obj, "label", path, lineno, int)
         if not 0 <= label < len(endings):
             raise RltokError(f"{path}:{lineno}: label {label} out of range for {len(endings)} endings")
@@ -198,13 +221,7 @@ def read_hellaswag_jsonl(path: Path) -> list[TaskItem]:
 
 def read_hellaswag_text(path: Path) -> list[TaskItem]:
     """The derived 6-line format: ``activity_label: ctx``, gold label, 4 endings."""
-    try:
-        raw = path.read_bytes()
-        if path.suffix == ".bz2":
-            raw = bz2.decompress(raw)
-        lines = raw.decode("utf-8").split("\n")
-    except (OSError, ValueError, EOFError) as e:
-        raise RltokError(f"{path}: cannot read ({e})") from None
+    lines = _decode_lines(_read_raw(path), path)
     while lines and not lines[-1].strip():
         lines.pop()
     if len(lines) % 6:
@@ -222,14 +239,15 @@ def read_hellaswag_text(path: Path) -> list[TaskItem]:
 def read_normalized(path: Path) -> list[TaskItem]:
     items = []
     for lineno, obj in _json_lines(path):
-        choices = _field(obj, "choices", path, lineno, list)
-        if not choices or not all(isinstance(c, str) for c in choices):
-            raise RltokError(f"{path}:{lineno}: 'choices' must be a non-empty list of strings")
+        choices = _strings(obj, "choices", path, lineno)
         gold = _field(obj, "gold", path, lineno, int)
         if not 0 <= gold < len(choices):
             raise RltokError(f"{path}:{lineno}: gold {gold} out of range for {len(choices)} choices")
-        items.append(TaskItem(canonical_task(_field(obj, "task", path, lineno)), str(obj.get("id", lineno)),
-                              _field(obj, "context", path, lineno), choices, gold))
+        try:
+            task = canonical_task(_field(obj, "task", path, lineno))
+        except RltokError as e:
+            raise RltokError(f"{path}:{lineno}: {e}") from None
+        items.append(TaskItem(task, str(obj.get("id", lineno)), _field(obj, "context", path, lineno), choices, gold))
     return items
 
 
