@@ -36,8 +36,8 @@ from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
 from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, read_config, write_config
 
-EXIT_SIGINT = 130
-EXIT_SIGTERM = 143
+from .signals import EXIT_SIGINT, EXIT_SIGTERM  # noqa: F401  (documented exit statuses)
+from .signals import StopRequest as _StopRequest
 
 
 def lr_at(bytes_seen: float, cfg: RunConfig, total_bytes: float) -> float:
@@ -50,41 +50,11 @@ def lr_at(bytes_seen: float, cfg: RunConfig, total_bytes: float) -> float:
     return t.lr * (t.min_lr_ratio + (1 - t.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-class StopRequest:
+def StopRequest() -> _StopRequest:
     """First SIGINT/SIGTERM: stop at the next step boundary. Second SIGINT: abort now."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "StopRequest":
-        if threading_is_main():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            print("\nrltok: second SIGINT: aborting now, without a final checkpoint (--resume continues "
-                  "from the newest one on disk)", file=sys.stderr, flush=True)
-            raise KeyboardInterrupt
-        self.signum = signum
-        print(f"\nrltok: {signal.Signals(signum).name} received: stopping after this step "
-              f"(press Ctrl-C again to abort without a checkpoint)", file=sys.stderr, flush=True)
-
-    @property
-    def exit_code(self) -> int:
-        return EXIT_SIGTERM if self.signum == signal.SIGTERM else EXIT_SIGINT
-
-
-def threading_is_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
+    return _StopRequest(
+        first="stopping after this step (press Ctrl-C again to abort without a checkpoint)",
+        second="aborting now, without a final checkpoint (--resume continues from the newest one on disk)")
 
 
 @dataclass

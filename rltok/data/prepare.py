@@ -25,7 +25,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import socket
 import sys
 import threading
@@ -37,6 +36,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..checkpoint import sha256_file, write_json_atomic
+from ..signals import StopRequest
 from ..errors import RltokError
 from .corpus import auto_val_docs
 from .prepared import FORMAT, MANIFEST, SPLITS, read_manifest
@@ -367,27 +367,9 @@ def _open_state(out: Path, opts: PrepareOptions) -> tuple[dict[str, Any], bool]:
     return _new_state(opts), False
 
 
-class _StopFlag:
+def _StopFlag() -> StopRequest:
     """First Ctrl-C / SIGTERM: finish the current document, commit, stop (resumable)."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> "_StopFlag":
-        if threading.current_thread() is threading.main_thread():
-            for s in (signal.SIGINT, signal.SIGTERM):
-                self._old[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, h in self._old.items():
-            signal.signal(s, h)
-
-    def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
+    return StopRequest()
 
 
 def prepare(opts: PrepareOptions, progress: bool = True, stop_after_docs: int | None = None) -> PrepareResult:
