@@ -48,6 +48,9 @@ class PolicyConfig(BoundaryConfig):
     rate_weight: float = 0.01  # weight of the rate penalty ("consistency loss")
     rate_loss: str = "logit_shift"  # logit_shift (the paper) or hnet (H-Net's ratio loss)
     return_block: int = 64  # block length of the blocked reward-to-go
+    # multiplies the policy head's default (PyTorch) initialisation; 0 starts every byte at
+    # exactly p = r*, with no initial preference for any byte
+    init_scale: float = 1.0
 
     def validate(self) -> None:
         super().validate()
@@ -71,6 +74,8 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift or hnet")
         if self.pg_weight < 0 or self.rate_weight < 0:
             raise RltokError("boundary.pg_weight and boundary.rate_weight must be >= 0")
+        if not (0.0 <= self.init_scale < 1e6):
+            raise RltokError(f"boundary.init_scale={self.init_scale} must be >= 0")
         if self.return_block < 1:
             raise RltokError("boundary.return_block must be >= 1")
 
@@ -107,6 +112,10 @@ class BoundaryPolicy(BoundaryModule):
     def __init__(self, model_cfg: ModelConfig, cfg: PolicyConfig):
         super().__init__(model_cfg, cfg)
         self.proj = nn.Linear(model_cfg.d_model, cfg.window)
+        if cfg.init_scale != 1.0:
+            with torch.no_grad():
+                self.proj.weight.mul_(cfg.init_scale)
+                self.proj.bias.mul_(cfg.init_scale)
         self.bias0 = math.log(cfg.target_rate / (1 - cfg.target_rate))
 
     # -- logits ------------------------------------------------------------------------------
