@@ -47,6 +47,7 @@ SETUP_FILLED = {"boundary.n_layers", "boundary.mlp_hidden", "boundary.token_rate
 IGNORED_ON_MATCH = {"train.device"}
 BPE_REFERENCE = "bpe_reference.json"
 EVAL_FILE = "compare_eval.json"
+EVAL_VERSION = 2  # bump when evaluations gain fields, so cached ones are recomputed (2: word-start recall)
 _TAG_SAFE = re.compile(r"[^A-Za-z0-9._=+-]")
 
 
@@ -257,7 +258,7 @@ class BpeAgreement:
 
 
 def eval_key(spec: CompareSpec, corpus_name: str, n_docs: int, reference_sha: str) -> dict[str, Any]:
-    return {"eval_data": corpus_name, "docs": n_docs, "samples": spec.eval_samples,
+    return {"eval_version": EVAL_VERSION, "eval_data": corpus_name, "docs": n_docs, "samples": spec.eval_samples,
             "seed": spec.eval_seed, "bpe_reference_sha256": reference_sha}
 
 

@@ -23,7 +23,7 @@ from .evaluate import standard_error
 
 from .flops import format_flops
 
-_MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "bpe_precision", "bpe_recall", "bpe_f1",
+_MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "word_start_recall", "bpe_precision", "bpe_recall", "bpe_f1",
               "train_rate", "flops_per_byte", "train_flops", "bytes_per_s", "params", "train_bytes",
               "corpus_bpb")
 
@@ -118,7 +118,7 @@ def method_table(results: dict) -> str:
     head = ["method", "seeds", "bits/byte ± SE (docs)", "± SE (seeds)"]
     if base:
         head.append(f"Δ vs {base} (paired)")
-    head += ["rate", "ws recall", "ws precision", "BPE F1", "train FLOPs", "bytes/s", "params"]
+    head += ["rate", "ws recall", "ws precision", "word-start recall", "BPE F1", "train FLOPs", "bytes/s", "params"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for m in results["methods"]:
         if m["status"] != "done":
@@ -129,7 +129,7 @@ def method_table(results: dict) -> str:
             if base:
                 row.append("(baseline)" if m["tag"] == base else _pm(m.get("diff_vs_baseline"), m.get("diff_se")))
             row += [_f(m["rate"], 3), _f(m["whitespace_recall"], 3), _f(m["whitespace_precision"], 3),
-                    _f(m["bpe_f1"], 3), format_flops(m["train_flops"]), _count(m["bytes_per_s"]),
+                    _f(m.get("word_start_recall", float("nan")), 3), _f(m["bpe_f1"], 3), format_flops(m["train_flops"]), _count(m["bytes_per_s"]),
                     _count(m["params"])]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)

@@ -40,6 +40,7 @@ class EvalResult:
     samples: int
     mode: str
     per_doc_bpb: list[float] = field(default_factory=list)
+    word_start_recall: float = float("nan")  # boundaries on the first byte of words (see objectives)
 
     def to_dict(self, per_doc: bool = False) -> dict:
         d = asdict(self)
@@ -120,10 +121,10 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     per_doc = nll_doc / (np.maximum(bytes_doc, 1) * LN2)
     se = standard_error(per_doc)
     r = ratios(counts) if counts else {"rate": float("nan"), "whitespace_recall": float("nan"),
-                                       "whitespace_precision": float("nan")}
+                                       "whitespace_precision": float("nan"), "word_start_recall": float("nan")}
     return EvalResult(
         bpb=float(per_doc.mean()) if n_docs else float("nan"), bpb_se=se,
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
-        whitespace_precision=r["whitespace_precision"], docs=n_docs, bytes=int(bytes_doc.sum()),
+        whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"], docs=n_docs, bytes=int(bytes_doc.sum()),
         samples=k_samples, mode=mode, per_doc_bpb=[float(x) for x in per_doc])

@@ -65,15 +65,24 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
 
     rate = boundaries / valid bytes (forced ends included, as the paper reports it);
     whitespace recall = whitespace bytes that end a chunk / whitespace bytes;
-    whitespace precision = chunk ends (decided, i.e. not forced) on whitespace / decided chunk ends.
+    whitespace precision = chunk ends (decided, i.e. not forced) on whitespace / decided chunk ends;
+    word-start recall = first bytes of words (a non-whitespace byte after a whitespace byte) that
+    end a chunk / such bytes. A policy can settle on either of two word-aligned segmentations:
+    chunks ending on the space ("word " chunks, the paper's finding) or on the first byte of the
+    next word (the same chunks shifted by one byte); the two recalls tell them apart.
     """
     b = b.bool() & valid
-    ws = whitespace_mask(ids) & valid
+    ws_all = whitespace_mask(ids)
+    ws = ws_all & valid
+    prev_ws = torch.zeros_like(ws_all)
+    prev_ws[:, 1:] = ws_all[:, :-1]
+    word_start = prev_ws & ~ws_all & valid
     dec = valid if decided is None else decided
     return {
         "n_valid": valid.sum(), "n_boundary": b.sum(),
         "n_ws": ws.sum(), "n_ws_boundary": (b & ws).sum(),
         "n_decided_boundary": (b & dec).sum(), "n_decided_ws_boundary": (b & ws & dec).sum(),
+        "n_word_start": word_start.sum(), "n_word_start_boundary": (b & word_start).sum(),
     }
 
 
@@ -84,6 +93,8 @@ def ratios(c: dict[str, Tensor | float]) -> dict[str, float]:
         "whitespace_recall": f["n_ws_boundary"] / f["n_ws"] if f["n_ws"] else float("nan"),
         "whitespace_precision": (f["n_decided_ws_boundary"] / f["n_decided_boundary"]
                                  if f["n_decided_boundary"] else float("nan")),
+        "word_start_recall": (f["n_word_start_boundary"] / f["n_word_start"]
+                              if f.get("n_word_start") else float("nan")),
     }
 
 

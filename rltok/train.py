@@ -331,7 +331,8 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
                                 seed=0, batch_size=max(1, layout.micro))
             res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
                    "val_whitespace_recall": r.whitespace_recall,
-                   "val_whitespace_precision": r.whitespace_precision, "val_docs": r.docs}
+                   "val_whitespace_precision": r.whitespace_precision,
+                   "val_word_start_recall": r.word_start_recall, "val_docs": r.docs}
             log.write({"event": tag, "step": step, "bytes": bytes_seen,
                        **{k: _round(v) if isinstance(v, float) else v for k, v in res.items()}})
         info.barrier()

@@ -58,3 +58,21 @@ def test_pad_multiple_rounds_chunk_count():
     c = chunk_indices(torch.tensor([B_SPEC]), pad_multiple=8)
     assert c.positions.shape == (1, 8) and c.counts.tolist() == [4]
     assert c.valid.sum().item() == 4
+
+
+def test_boundary_counts_by_hand():
+    """Rate, whitespace recall/precision and word-start recall on a hand-worked string."""
+    from rltok.objectives import boundary_counts, ratios
+
+    text = b"ab cd  ef"
+    ids = torch.tensor([list(text)])
+    # boundaries:   a b _ c d _ _ e f   (forced first and last)
+    b = torch.tensor([[1, 0, 1, 1, 0, 0, 1, 0, 1]], dtype=torch.bool)
+    valid = torch.ones_like(b)
+    decided = valid.clone()
+    decided[:, 0] = decided[:, -1] = False
+    r = ratios(boundary_counts(ids, b, valid, decided))
+    assert r["rate"] == 5 / 9
+    assert r["whitespace_recall"] == 2 / 3  # spaces at 2, 5, 6; boundaries at 2 and 6
+    assert r["whitespace_precision"] == 2 / 3  # decided boundaries at 2, 3, 6
+    assert r["word_start_recall"] == 1 / 2  # word starts: c (3) yes, e (7) no

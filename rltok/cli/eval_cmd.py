@@ -75,7 +75,8 @@ def run(args) -> int:
         print(f"{args.run} ({cfg.method}) on {cfg.data.source} [{args.split}]: {res.docs} documents, {res.bytes:,} bytes")
         print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
         print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))")
-        print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}")
+        print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}"
+              f"  (word-start recall {res.word_start_recall:.3f})")
         if other is not None:
             pd = d["against"]["paired"]
             print(f"{args.against} ({d['against']['method']}): bits/byte {other.bpb:.4f} ± {other.bpb_se:.4f}, "
