@@ -7,11 +7,17 @@ are printed as one line (``error: ...``) with a non-zero exit status and no trac
 from __future__ import annotations
 
 import argparse
+import os
 import importlib
 import math
 import sys
 
 from ..errors import RltokError
+
+# The boundary methods give the main network a different chunk count almost every step; oneDNN
+# caches a kernel per shape (1024 by default), which held several GB in long CPU runs. 256 keeps
+# memory bounded at no measurable speed cost. Set before torch is imported; a user's value wins.
+os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
 
 # subcommand modules, in the order --help lists them
 COMMANDS = ("train", "eval", "compare", "tasks", "analyze", "boundaries", "plot", "generate", "bench", "data")
