@@ -48,6 +48,7 @@ def _pick_baseline(spec, by_tag: dict[str, list[dict]]) -> str | None:
 
 
 def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path: Path) -> dict[str, Any]:
+    bpb_series: list[tuple[list, list]] = []
     by_tag: dict[str, list[dict]] = {}
     for r in records:
         by_tag.setdefault(r["tag"], []).append(r)
@@ -208,6 +209,7 @@ def plot_curves(results: dict, path: Path) -> None:
 
     fig, (ax_bpb, ax_rate) = plt.subplots(1, 2, figsize=(13, 4.8))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    bpb_series: list[tuple[list, list]] = []
     by_tag: dict[str, list[dict]] = {}
     for r in results["runs"]:
         by_tag.setdefault(r["tag"], []).append(r)
@@ -220,6 +222,8 @@ def plot_curves(results: dict, path: Path) -> None:
             for key, ax in (("bpb", ax_bpb), ("rate", ax_rate)):
                 ys = np.array([[s[0][b].get(key, np.nan) for b in common] for s in series], dtype=float)
                 if np.isfinite(ys).any():
+                    if key == "bpb":
+                        bpb_series.append((list(x), list(np.nanmean(ys, axis=0))))
                     ax.plot(x, np.nanmean(ys, axis=0), color=c, lw=1.3,
                             label=f"{tag} (train, {len(rs)} seed{'s' if len(rs) > 1 else ''})")
         ev: dict[int, list[float]] = {}
@@ -228,8 +232,12 @@ def plot_curves(results: dict, path: Path) -> None:
                 ev.setdefault(int(e["bytes"]), []).append(e["val_bpb"])
         if ev:
             xs = sorted(ev)
+            bpb_series.append((xs, [float(np.mean(ev[b])) for b in xs]))
             ax_bpb.plot(xs, [np.mean(ev[b]) for b in xs], color=c, ls="--", marker="o", ms=3, lw=1,
                         label=f"{tag} (validation)")
+    from .viz import focus_ylim
+
+    focus_ylim(ax_bpb, bpb_series)
     ax_bpb.set_xlabel("training bytes seen")
     ax_bpb.set_ylabel("bits per byte")
     ax_bpb.set_title("bits per byte")

@@ -335,6 +335,20 @@ CURVES = (  # (title, [(metric key, record kind, style)])
 )
 
 
+def focus_ylim(ax, series: Sequence[tuple[Sequence[float], Sequence[float]]], skip: float = 0.15) -> None:
+    """Limit the y axis to the values after the first ``skip`` of the x range: the first steps'
+    loss (8 bits/byte) would otherwise flatten the differences between methods into one line."""
+    xmax = max((max(xs) for xs, _ in series if len(xs)), default=None)
+    if xmax is None:
+        return
+    late = [float(y) for xs, ys in series for x, y in zip(xs, ys) if x >= skip * xmax and math.isfinite(y)]
+    if len(late) < 2:
+        return
+    lo, hi = min(late), max(late)
+    pad = 0.05 * (hi - lo) or 0.05 * abs(hi) or 0.1
+    ax.set_ylim(lo - pad, hi + pad)
+
+
 def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequence[str] | None = None) -> Path:
     """Training curves of runs against bytes seen: train (lines) and validation (markers)."""
     import matplotlib
@@ -355,6 +369,7 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequenc
     fig, axes = plt.subplots(nrow, ncol, figsize=(5.2 * ncol, 3.6 * nrow), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, (title, series) in zip(axes.flat, panels):
+        plotted: list[tuple[tuple, tuple]] = []
         for i, (recs, lab) in enumerate(zip(data, labels)):
             for key, kind, style in series:
                 pts = [(r["bytes"], r[key]) for r in recs if key in r and "bytes" in r
@@ -363,8 +378,11 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequenc
                 if not pts:
                     continue
                 xs, ys = zip(*pts)
+                plotted.append((xs, ys))
                 label = (f"{lab} (val)" if kind == "eval" else lab if key != "return_std" else f"{lab} ({key})")
                 ax.plot(xs, ys, style, color=colors[i % len(colors)], ms=3, lw=1.2, label=label)
+        if title == "bits per byte":
+            focus_ylim(ax, plotted)
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("bytes seen")
         ax.grid(alpha=0.3)

@@ -169,3 +169,21 @@ def test_plot_curves(smoke_runs, tmp_path, capsys):
     assert code == 0 and out.read_bytes()[:8] == PNG_MAGIC
     code = main(["plot", str(tmp_path), "--out", str(out)])
     assert code == 2 and "no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_focus_ylim_ignores_the_first_steps_and_non_finite_values():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from rltok.viz import focus_ylim
+
+    fig, ax = plt.subplots()
+    xs = list(range(0, 101, 10))
+    ys = [8.0, 5.0, 3.0, 2.9, 2.8, 2.7, 2.6, 2.5, float("nan"), 2.45, 2.4]
+    focus_ylim(ax, [(xs, ys)])
+    lo, hi = ax.get_ylim()
+    # x >= 15: values 3.0 ... 2.4 (NaN dropped); 5% padding of the 0.6 range on each side
+    assert abs(lo - (2.4 - 0.03)) < 1e-9 and abs(hi - (3.0 + 0.03)) < 1e-9
+    plt.close(fig)
