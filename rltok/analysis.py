@@ -278,6 +278,7 @@ def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
     import json as _json
     import sys
 
+    from .boundaries.bpe import fit_docs
     from .bpe import fit_bpe_to_rate, load_tokenizer, save_tokenizer
     from .data import load_splits
     from .data.builtin import cache_dir
@@ -291,15 +292,7 @@ def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
         if progress:
             print(f"rltok: fitting a BPE to rate {rate} on the training split of {cfg.data.source} "
                   f"(cached in {path})", file=sys.stderr)
-        train = load_splits(cfg).train
-        docs, total = [], 0
-        for i in range(len(train)):
-            d = train.doc_bytes(i)
-            docs.append(d)
-            total += len(d)
-            if total >= max_bytes:
-                break
-        tok, size, achieved = fit_bpe_to_rate(docs, rate)
+        tok, size, achieved = fit_bpe_to_rate(fit_docs(load_splits(cfg).train, max_bytes), rate)
         path.parent.mkdir(parents=True, exist_ok=True)
         save_tokenizer(tok, path, {"source": cfg.data.source, "target_rate": rate, "vocab_size": size,
                                    "tokens_per_byte": achieved})

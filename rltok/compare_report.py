@@ -48,7 +48,6 @@ def _pick_baseline(spec, by_tag: dict[str, list[dict]]) -> str | None:
 
 
 def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path: Path) -> dict[str, Any]:
-    bpb_series: list[tuple[list, list]] = []
     by_tag: dict[str, list[dict]] = {}
     for r in records:
         by_tag.setdefault(r["tag"], []).append(r)

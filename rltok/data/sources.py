@@ -23,7 +23,7 @@ import json
 import os
 import zlib
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 from ..config import DataConfig
 from ..errors import RltokError
@@ -78,15 +78,20 @@ def json_error(e: BaseException) -> str:
     return str(e).split(";")[0][:100]
 
 
-def read_jsonl(path: Path, gz: bool, field: str) -> Iterator[bytes]:
-    data = _open_bytes(path, gz)
+def json_lines(data: bytes, path: Path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSON-lines text; a line that does
+    not parse is an error naming the file and line."""
     for lineno, line in enumerate(io.BytesIO(data), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield lineno, json.loads(line)
         except (ValueError, RecursionError) as e:
             raise RltokError(f"{path}:{lineno}: malformed JSON line ({json_error(e)})") from None
+
+
+def read_jsonl(path: Path, gz: bool, field: str) -> Iterator[bytes]:
+    for lineno, obj in json_lines(_open_bytes(path, gz), path):
         yield _text_of(obj, path, str(lineno), field)
 
 

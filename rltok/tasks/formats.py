@@ -127,15 +127,9 @@ def _decode_lines(raw: bytes, path: Path) -> list[str]:
 
 
 def _json_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    from ..data.sources import json_error
+    from ..data.sources import json_lines
 
-    for lineno, line in enumerate(_read_raw(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError) as e:
-            raise RltokError(f"{path}:{lineno}: malformed JSON line ({json_error(e)})") from None
+    for lineno, obj in json_lines(_read_raw(path), path):
         if not isinstance(obj, dict):
             raise RltokError(f"{path}:{lineno}: expected a JSON object")
         yield lineno, obj
