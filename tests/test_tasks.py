@@ -288,3 +288,21 @@ def test_lambada_greedy_decoding_implies_teacher_forced_greedy(smoke_runs):
     tf = [row[0].greedy for row in score_items(model, items, mode="greedy")]
     per_item = [greedy_word_accuracy(model, [it], mode="greedy") for it in items]
     assert all(g <= t for g, t in zip(per_item, tf)) and acc == pytest.approx(np.mean(per_item))
+
+
+def test_documents_without_context_get_their_own_draws(smoke_runs):
+    """Analysis pieces (and the first window of a rolling score) have no context; each must see
+    its own random draws, or a uniform method would cut every document at the same positions."""
+    from rltok.analysis import segment_docs
+
+    a, b = Request(b"", b"first document"), Request(b"", b"second document")
+    assert not np.array_equal(request_noise(0, 0, a, 16), request_noise(0, 0, b, 16))
+    shared = Request(b"same context", b" one"), Request(b"same context", b" two")
+    assert np.array_equal(request_noise(0, 0, shared[0], 16), request_noise(0, 0, shared[1], 16))
+
+    model = load_model(smoke_runs["uniform"])
+    rng = np.random.default_rng(0)
+    docs = [bytes(rng.integers(97, 123, 200, dtype=np.uint8)) for _ in range(6)]  # distinct texts
+    pieces, res = segment_docs(model, docs)
+    full = [r.boundaries.tobytes() for p, r in zip(pieces, res) if len(p) == max(map(len, pieces))]
+    assert len(full) >= 6 and len(set(full)) == len(full)

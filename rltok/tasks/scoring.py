@@ -13,7 +13,8 @@ shares or of the order requests come in:
   every scored prediction sits before the last input position. The U-Net forces a boundary at the
   last column of a batch; that forced boundary would otherwise change the prediction of the last
   byte depending on the padding. Here every prediction uses boundaries the method decided.
-* The random numbers behind sampled boundaries come from (seed, sample k, hash of BOS + context),
+* The random numbers behind sampled boundaries come from (seed, sample k, hash of BOS + context;
+  of BOS + continuation when there is no context),
   laid over the untruncated sequence: choices of one question see the same uniforms on their
   shared context (common random numbers: their difference is not blurred by different
   segmentations of the context), and any two runs or tools see the same draws.
@@ -75,7 +76,11 @@ def model_seq_len(model: nn.Module) -> int:
 
 
 def request_noise(seed: int, sample: int, req: Request, length: int) -> np.ndarray:
-    h = hashlib.blake2b((b"\x01" if req.bos else b"\x00") + req.context, digest_size=8).digest()
+    # A request without context is a document of its own (analysis pieces, the first window of a
+    # rolling score): key it by its text, or every such document would see the same draws (and a
+    # uniform method would cut them all at the same positions).
+    own = req.context if req.context else b"\x02" + req.continuation
+    h = hashlib.blake2b((b"\x01" if req.bos else b"\x00") + own, digest_size=8).digest()
     key = int.from_bytes(h, "little")
     return np.random.default_rng([seed, 17, sample, key]).random(length, dtype=np.float32)
 
