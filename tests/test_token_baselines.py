@@ -56,6 +56,20 @@ def test_bpe_boundaries_hand_worked_non_ascii(hello_tok):
     assert np.flatnonzero(b[0]).tolist() == [0, 1 + 6]  # BOS, and the space at input position 7
 
 
+def test_boundary_cache_full_mid_batch(hello_tok):
+    """A batch that overflows the cache must still get every run's boundaries, equal to an
+    uncached computation (a cache cleared mid-batch used to raise KeyError in long trainings)."""
+    texts = [b"hello world", b"naive cafe", b"hello cafe", b"world hello", b"cafe world"]
+    fresh = [bpe_boundaries_for_ids(BoundaryCache(hello_tok), _ids(t)) for t in texts]
+    cache = BoundaryCache(hello_tok, max_items=3)
+    for i in range(len(texts)):
+        batch = [texts[(i + k) % len(texts)] for k in range(3)]  # 2 cached runs + 1 new each time
+        got = bpe_boundaries_for_ids(cache, _ids(*batch))  # one row, three BOS-separated runs
+        want = np.concatenate([fresh[(i + k) % len(texts)] for k in range(3)], axis=1)
+        assert np.array_equal(got, want)
+        assert len(cache._d) <= 3
+
+
 def test_bpe_boundaries_mid_stream_bos_and_invalid_utf8(hello_tok):
     ids = _ids(b"hello world", b"hello\xff world")
     b = bpe_boundaries_for_ids(BoundaryCache(hello_tok), ids)[0]

@@ -136,14 +136,17 @@ class BoundaryCache:
 
     def boundaries(self, runs: Sequence[bytes]) -> list[np.ndarray]:
         missing = list({r for r in runs if r not in self._d})
+        if missing and len(self._d) + len(missing) > self.max_items:
+            # make room before this batch, never during it: clearing mid-batch dropped runs of
+            # the batch that were already cached (a KeyError after ~8k distinct runs of training)
+            self._d.clear()
+            missing = list(dict.fromkeys(runs))
         if missing:
             for r, (_, lens) in zip(missing, encode_many(self.tok, missing)):
                 b = np.zeros(len(r), dtype=bool)
                 starts = np.cumsum([0] + lens[:-1])
                 b[starts] = True
                 b[0] = False
-                if len(self._d) >= self.max_items:
-                    self._d.clear()
                 self._d[r] = b
         return [self._d[r] for r in runs]
 
