@@ -306,3 +306,21 @@ def test_documents_without_context_get_their_own_draws(smoke_runs):
     pieces, res = segment_docs(model, docs)
     full = [r.boundaries.tobytes() for p, r in zip(pieces, res) if len(p) == max(map(len, pieces))]
     assert len(full) >= 6 and len(set(full)) == len(full)
+
+
+def test_tasks_against_pairs_items(smoke_runs, capsys):
+    shared_file("piqa", "valid.jsonl")
+    args = ["--tasks", "piqa", "--limit", "6", "--data-dir", str(SHARED_DATA), "--no-progress"]
+    assert main(["tasks", str(smoke_runs["rl"]), *args, "--json", "--per-item",
+                 "--against", str(smoke_runs["uniform"])]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mine = [x["bpb"] for x in out["tasks"]["piqa"]["per_item"]]
+    theirs = [x["bpb"] for x in out["against"]["tasks"]["piqa"]["per_item"]]
+    d = np.array(mine) - np.array(theirs)
+    paired = out["against"]["tasks"]["piqa"]["paired"]
+    assert out["against"]["method"] == "uniform" and paired["n"] == 6
+    assert paired["diff"] == pytest.approx(d.mean()) and paired["se"] == pytest.approx(d.std(ddof=1) / math.sqrt(6))
+    # a run against itself: the same draws, so every item's difference is exactly zero
+    assert main(["tasks", str(smoke_runs["rl"]), *args, "--against", str(smoke_runs["rl"])]) == 0
+    text = capsys.readouterr().out
+    assert "difference +0.0000 ± 0.0000" in text

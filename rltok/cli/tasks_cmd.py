@@ -37,6 +37,9 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", default=None, help="score a checkpoint instead of the final weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--per-item", action="store_true", help="include per-item scores in the JSON")
+    p.add_argument("--against", default=None, metavar="RUN2",
+                   help="also score RUN2 on the same items with the same boundary draws, and report the "
+                        "paired per-item difference of bits-per-byte (RUN - RUN2, mean ± SE)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_threads_arg(p)
     p.set_defaults(func=run)
@@ -62,11 +65,30 @@ def run(args) -> int:
                              gold_only=args.gold_only, generation=not args.no_generation,
                              progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
     seq_len = cfg.model.seq_len
+    against = None
+    if args.against is not None:
+        from ..evaluate import paired_difference
+
+        del model  # one model in memory at a time
+        model2 = load_model(args.against, device=args.device)
+        others = evaluate_tasks(model2, data, samples=args.samples, seed=args.seed,
+                                mode="greedy" if args.greedy_boundaries else "sample",
+                                batch_size=args.batch_size, dtype=args.dtype or model2.run_config.train.dtype,
+                                gold_only=args.gold_only, generation=not args.no_generation,
+                                progress=not args.no_progress)
+        against = {"run": str(args.against), "method": model2.run_config.method, "tasks": {}}
+        for r, o in zip(results, others):
+            d = o.to_dict(per_item=args.per_item)
+            d["paired"] = paired_difference([x["bpb"] for x in r.per_item], [x["bpb"] for x in o.per_item])
+            against["tasks"][r.task] = d
     if args.json:
-        print(json.dumps({"run": str(args.run), "method": cfg.method, "seq_len": seq_len,
-                          "samples": args.samples, "seed": args.seed,
-                          "boundaries": "greedy" if args.greedy_boundaries else "sample",
-                          "tasks": {r.task: r.to_dict(per_item=args.per_item) for r in results}}))
+        out = {"run": str(args.run), "method": cfg.method, "seq_len": seq_len,
+               "samples": args.samples, "seed": args.seed,
+               "boundaries": "greedy" if args.greedy_boundaries else "sample",
+               "tasks": {r.task: r.to_dict(per_item=args.per_item) for r in results}}
+        if against is not None:
+            out["against"] = against
+        print(json.dumps(out))
         return 0
     print(f"{args.run} ({cfg.method}), 0-shot, {args.samples} boundary sample(s), seed {args.seed}, "
           f"window {seq_len} bytes")
@@ -78,6 +100,13 @@ def run(args) -> int:
                   f"and were left-truncated to {seq_len} bytes (BOS included)")
         if isinstance(r.greedy_acc, str):
             print(f"  {r.task}: greedy-decoding accuracy {r.greedy_acc}")
+    if against is not None:
+        print(f"\nagainst {args.against} ({against['method']}): bits/byte of {args.run} minus {args.against}, "
+              f"paired over the same items")
+        for name, d in against["tasks"].items():
+            pd = d["paired"]
+            print(f"  {name:<10} {d['bpb']:.4f} ± {d['bpb_se']:.4f}   difference {pd['diff']:+.4f} ± {pd['se']:.4f} "
+                  f"(z = {pd['z']:+.1f}, {pd['n']} items)")
     if any(r.task == "lambada" for r in results):
         print("  lambada acc: every byte of the target word is the argmax (lm-eval's lambada_openai acc)")
     sys.stdout.flush()
