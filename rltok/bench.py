@@ -27,6 +27,7 @@ import torch
 
 from .config import RunConfig, build_config
 from .distributed import DistInfo, resolve_device
+from .errors import RltokError
 from .flops import training_flops_per_byte
 
 # Dense (no sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s: (bf16, fp32).
@@ -151,7 +152,11 @@ class Bench:
         if init_from is not None:  # a trained run's weights: its boundaries run at the learned rate
             from .run import load_model
 
-            self.model.load_state_dict(load_model(init_from).state_dict())
+            try:
+                self.model.load_state_dict(load_model(init_from).state_dict())
+            except RuntimeError:  # parameter names or shapes differ
+                raise RltokError(f"--init-from {init_from}: its model does not match the {preset} "
+                                 f"preset's {method} model (train it with --preset {preset})") from None
         if cfg.train.compile:
             compile_blocks(self.model)
         self.model.train()

@@ -20,15 +20,11 @@ from typing import Any
 import numpy as np
 
 from .evaluate import standard_error
-
 from .flops import format_flops
 
 _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "word_start_recall", "bpe_precision", "bpe_recall", "bpe_f1",
               "train_rate", "flops_per_byte", "train_flops", "bytes_per_s", "params", "train_bytes",
               "corpus_bpb")
-
-
-_se = standard_error
 
 
 def _nanmean(vals: list) -> float:
@@ -64,15 +60,15 @@ def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path
         m: dict[str, Any] = {
             "tag": v.tag, "method": v.method, "overrides": v.overrides, "status": "done",
             "seeds": [r["seed"] for r in rs], "bpb": float(per_doc[v.tag].mean()),
-            "bpb_se_docs": _se(per_doc[v.tag]), "bpb_se_seeds": _se(seed_means),
+            "bpb_se_docs": standard_error(per_doc[v.tag]), "bpb_se_seeds": standard_error(seed_means),
             "bpb_per_seed": seed_means.tolist(),
-            "rate_se_seeds": _se(np.array([r["rate"] for r in rs], dtype=float)),
+            "rate_se_seeds": standard_error(np.array([r["rate"] for r in rs], dtype=float)),
         }
         for k in _MEAN_KEYS:
             m[k] = _nanmean([r.get(k) for r in rs])
         if base_tag is not None and v.tag != base_tag and len(per_doc[v.tag]) == len(per_doc[base_tag]):
             d = per_doc[v.tag] - per_doc[base_tag]
-            m["diff_vs_baseline"], m["diff_se"] = float(d.mean()), _se(d)
+            m["diff_vs_baseline"], m["diff_se"] = float(d.mean()), standard_error(d)
             m["docs_better_than_baseline"] = float((d < 0).mean())
         methods.append(m)
     ref_info_path = ref_path.with_suffix(".info.json")

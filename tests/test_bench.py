@@ -127,3 +127,9 @@ def test_bench_init_from_a_trained_run(capsys, small_corpus_file, tmp_path):
     assert code == 0
     rows = {r["method"]: r for r in map(json.loads, capsys.readouterr().out.splitlines())}
     assert rows["rl"]["rate"] > 0.9 and abs(rows["uniform"]["rate"] - 0.2) < 0.03
+    # a run of another size: one line naming the option and the run, exit 2
+    code = main(["bench", "--preset", "tiny", "--method", "rl", "--steps", "1", "--warmup", "0",
+                 "--data", str(small_corpus_file), "--no-progress", "--peak-seconds", "0.05",
+                 "--init-from", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith(f"error: --init-from {tmp_path / 'run'}: its model does not match the tiny")

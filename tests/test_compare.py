@@ -9,7 +9,7 @@ import torch
 
 from rltok.cli import main
 from rltok.compare import CompareSpec, parse_seeds, parse_variant, parse_variants, plan
-from rltok.compare_report import _se
+from rltok.evaluate import standard_error as _se
 from rltok.errors import RltokError
 
 

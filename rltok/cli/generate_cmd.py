@@ -8,8 +8,6 @@ import sys
 from . import HelpFormatter, device_arg, nonneg_int, seed_arg
 
 
-
-
 def register(sub) -> None:
     p = sub.add_parser(
         "generate", help="sample text from a trained run (KV-cached, batched)",

@@ -57,13 +57,16 @@ def run(args) -> int:
     if not names:
         raise RltokError("--tasks: name at least one task")
     data = {t: load_task(t, args.data_dir, args.limit) for t in dict.fromkeys(names)}
+    def score(model):  # the same items, settings and boundary draws for RUN and RUN2
+        return evaluate_tasks(model, data, samples=args.samples, seed=args.seed,
+                              mode="greedy" if args.greedy_boundaries else "sample",
+                              batch_size=args.batch_size, dtype=args.dtype or model.run_config.train.dtype,
+                              gold_only=args.gold_only, generation=not args.no_generation,
+                              progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
+
     model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
     cfg = model.run_config
-    results = evaluate_tasks(model, data, samples=args.samples, seed=args.seed,
-                             mode="greedy" if args.greedy_boundaries else "sample",
-                             batch_size=args.batch_size, dtype=args.dtype or cfg.train.dtype,
-                             gold_only=args.gold_only, generation=not args.no_generation,
-                             progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
+    results = score(model)
     seq_len = cfg.model.seq_len
     against = None
     if args.against is not None:
@@ -71,11 +74,7 @@ def run(args) -> int:
 
         del model  # one model in memory at a time
         model2 = load_model(args.against, device=args.device)
-        others = evaluate_tasks(model2, data, samples=args.samples, seed=args.seed,
-                                mode="greedy" if args.greedy_boundaries else "sample",
-                                batch_size=args.batch_size, dtype=args.dtype or model2.run_config.train.dtype,
-                                gold_only=args.gold_only, generation=not args.no_generation,
-                                progress=not args.no_progress)
+        others = score(model2)
         against = {"run": str(args.against), "method": model2.run_config.method, "tasks": {}}
         for r, o in zip(results, others):
             d = o.to_dict(per_item=args.per_item)
