@@ -113,7 +113,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                 on_batch(idx, batch, out, k)
             if out.boundaries is not None:
                 valid = batch.ids != PAD
-                dec = valid & ~forced_mask(tuple(valid.shape), valid.device)
+                dec = valid & ~forced_mask(valid)
                 c = boundary_counts(batch.ids, out.boundaries, valid, dec)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)

@@ -23,8 +23,9 @@ whether this byte ends a chunk -> only the rows that close a chunk run the main 
 that one chunk (RoPE at the byte position, as in training) -> the new zhat becomes pending ->
 decoder layers -> next-byte logits. The prompt is BOS + prompt bytes; BOS (position 0) is a
 forced boundary. Training also forces a boundary at a sequence's last position; while decoding
-there is no last position, so the prefill appends one padding column to carry that forced
-boundary and every real position is decided by the method, exactly as mid-sequence.
+there is no last position, so the prefill appends one padding column to each row (counted as
+valid) to carry that forced boundary and every real position is decided by the method, exactly as
+mid-sequence.
 
 Randomness: row r of a call with seed s draws its boundary uniforms (one per position, the
 ``noise`` the full forward pass would read) and its byte-sampling uniforms from
@@ -129,6 +130,13 @@ def _fit(x: Tensor | None, width: int) -> Tensor | None:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]))
 
 
+def _with_end_column(lengths: Tensor, S: int) -> Tensor:
+    """Valid positions of a prefill: each row's ids plus one padding column after them, which
+    receives the forward pass's forced last boundary (forced per row at its last valid
+    position), so that every real position is decided by the method."""
+    return torch.arange(S, device=lengths.device)[None, :] <= lengths[:, None]
+
+
 @torch.no_grad()
 def prefill(model: nn.Module, seqs: Sequence[Sequence[int]], *, noise: Tensor | None = None,
             mode: str = "sample", boundaries: Tensor | None = None, reserve: int = 16) -> PrefillOutput:
@@ -151,7 +159,7 @@ def prefill(model: nn.Module, seqs: Sequence[Sequence[int]], *, noise: Tensor | 
         kv[stage, i] = (k, v)
 
     fixed = _fit(boundaries, S)
-    out = model(ids, noise=_fit(noise, S), mode=mode,
+    out = model(ids, noise=_fit(noise, S), mode=mode, valid=_with_end_column(lengths, S),
                 boundaries=None if fixed is None else fixed.bool(), on_kv=record)
     W = model.cfg.window
     bytepos = torch.arange(S, device=device).expand(len(seqs), S)
@@ -280,7 +288,8 @@ class RecomputeEngine(_Engine):
         lengths = torch.tensor([len(s) for s in self.seqs], device=self.noise.device)
         S = int(lengths.max()) + 1  # + the padding column carrying the forced last boundary
         ids = _pad_rows(self.seqs, S, PAD, self.noise.device)
-        out = self.model(ids, noise=_fit(self.noise[self.rows], S), mode=self.mode)
+        out = self.model(ids, noise=_fit(self.noise[self.rows], S), mode=self.mode,
+                         valid=_with_end_column(lengths, S))
         last = lengths - 1
         logits = out.logits.gather(1, last[:, None, None].expand(-1, 1, out.logits.shape[-1]))[:, 0]
         return logits, out.boundary.b

@@ -86,3 +86,45 @@ def test_method_boundaries_are_causal(method, over):
     grad = store["emb"].grad
     assert grad[:, t + 1:].abs().max().item() == 0.0
     assert grad[:, : t + 1].abs().max().item() > 0.0
+
+
+def _prefix_pair(model, n_short=30, seed=4):
+    """Outputs and boundaries of a short document and of a longer one that starts with it (the
+    short one padded to the same width), each in its own forward pass, on the same noise."""
+    from rltok.config import PAD
+
+    g = torch.Generator().manual_seed(seed)
+    long_ids = torch.randint(0, 256, (1, S), generator=g)
+    short_ids = long_ids.clone()
+    short_ids[:, n_short:] = PAD
+    noise = torch.rand(1, S, generator=g)
+    with torch.no_grad():
+        a, b = model(short_ids, noise=noise), model(long_ids, noise=noise)
+    return a, b
+
+
+@pytest.mark.parametrize("method,over", [(m, {}) for m in _unet_methods()] + [("rl", {"boundary.window": 4})])
+def test_shared_prefix_of_documents_of_different_lengths(method, over):
+    """A method that claims causality draws the same boundaries and gives the same predictions on
+    a document's prefix whatever the document's length. The short document's last position is
+    excluded: its boundary is forced, by design."""
+    model = _model(method, **over)
+    if not type(model.boundary).causal:
+        pytest.skip(f"{method}: boundaries depend on later bytes or on the length by design")
+    if method == "rl":
+        with torch.no_grad():
+            model.boundary.proj.weight.mul_(20.0)  # boundaries that follow the input
+    n = 30
+    a, b = _prefix_pair(model, n)
+    assert torch.equal(a.boundary.b[:, : n - 1], b.boundary.b[:, : n - 1])
+    torch.testing.assert_close(a.logits[:, : n - 1], b.logits[:, : n - 1], atol=1e-5, rtol=1e-5)
+
+
+def test_exact_count_uniform_is_not_causal_and_says_so():
+    """Negative control for the test above: the exact-count uniform cuts a shared prefix
+    differently for documents of different lengths, so it must not claim causality."""
+    model = _model("uniform")
+    assert not type(model.boundary).causal
+    n = 24
+    a, b = _prefix_pair(model, n)
+    assert not torch.equal(a.boundary.b[:, : n - 1], b.boundary.b[:, : n - 1])

@@ -66,7 +66,8 @@ def _full_logprobs(model, seq, b):
     """log_softmax of the full forward pass on seq (+ a padding column), boundaries fixed."""
     ids = torch.tensor([list(seq) + [PAD]])
     fixed = torch.tensor([list(b) + [True]])
-    out = model(ids, boundaries=fixed)
+    # the padding column counts as valid: it takes the forced last boundary
+    out = model(ids, boundaries=fixed, valid=torch.ones_like(ids, dtype=torch.bool))
     return torch.log_softmax(out.logits[0, : len(seq)].float(), -1), out
 
 
@@ -217,7 +218,8 @@ def test_decoding_draws_the_forward_pass_boundaries_from_the_same_noise(method, 
 
         for r, ga in enumerate(a):  # the forward pass on the noise of row r draws the same b
             noise = torch.from_numpy(row_streams(5, r, 200, 30)[0])[None, : len(ga.consumed) + 1]
-            out = model(torch.tensor([ga.consumed + [PAD]]), noise=noise, mode=mode)
+            ids = torch.tensor([ga.consumed + [PAD]])
+            out = model(ids, noise=noise, mode=mode, valid=torch.ones_like(ids, dtype=torch.bool))
             assert out.boundary.b[0, :-1].tolist() == ga.boundaries.tolist()
         assert any(g.boundaries[1:].any() for g in a)  # not only the forced BOS boundary
 

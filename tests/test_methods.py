@@ -38,8 +38,9 @@ def _positions(b: torch.Tensor) -> list[int]:
 # -- uniform ------------------------------------------------------------------------------------
 
 def test_uniform_exact_counts():
-    """Exactly round(r* n) boundaries among the n valid bytes of every row (position 0 and the
-    last position forced), at positions that follow the noise."""
+    """Exactly max(2, round(r* n)) boundaries among the n valid bytes of every row (position 0
+    and the row's own last valid position forced, nothing in the padding), at positions that
+    follow the noise."""
     from rltok.boundaries.fixed import exact_count_boundaries
 
     S = 100
@@ -48,9 +49,9 @@ def test_uniform_exact_counts():
     g = torch.Generator().manual_seed(0)
     noise = torch.rand(4, S, generator=g)
     b = exact_count_boundaries(noise, valid, 0.2)
-    assert (b & valid).sum(1).tolist() == [20, 11, 2, 1]
-    assert b[:, 0].all() and b[:, -1].all()  # forced (in the padding for short rows)
-    assert (b & ~valid).sum(1).tolist() == [0, 1, 1, 1]  # nothing else in the padding
+    assert (b & valid).sum(1).tolist() == [20, 11, 2, 2]
+    assert b[:, 0].all() and b[torch.arange(4), lens - 1].all()  # forced at each row's own end
+    assert (b & ~valid).sum().item() == 0  # nothing in the padding
     # the decided boundaries of a full row are the 18 largest noise values among positions 1..98
     top = set((torch.topk(noise[0, 1:-1], 18).indices + 1).tolist())
     assert set(torch.nonzero(b[0, 1:-1]).flatten().add(1).tolist()) == top
@@ -85,7 +86,7 @@ def test_stride_module_forces_last_and_ignores_padding():
     ids[0, 0] = BOS
     ids[0, 12:] = PAD
     out = m(None, ids, valid=ids != PAD)
-    assert _positions(out.b) == [0, 5, 10, 13]  # 13 is the forced last position
+    assert _positions(out.b) == [0, 5, 10, 11]  # 11: the row's last valid position, forced
 
 
 # -- whitespace (SpaceByte) ---------------------------------------------------------------------

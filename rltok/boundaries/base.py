@@ -79,9 +79,12 @@ class BoundaryModule(nn.Module):
     name: ClassVar[str] = ""
     learned: ClassVar[bool] = False  # has parameters trained through the boundary decision
     stochastic: ClassVar[bool] = False  # boundaries are sampled (evaluation can average samples)
-    causal: ClassVar[bool] = True  # b[t] depends only on bytes <= t (so it can decode)
+    # b[t] depends only on bytes <= t, not on later bytes nor on the sequence's length (the
+    # causality tests check it, with documents of different lengths sharing a prefix)
+    causal: ClassVar[bool] = True
     # step() draws from the same distribution as forward() (False: a causal stand-in, e.g. the
-    # exact-count uniform decodes as Bernoulli(r*)); teacher-forced decoding is exact either way
+    # exact-count uniform, which is not causal, decodes as Bernoulli(r*)); teacher-forced
+    # decoding is exact either way
     decode_matches_forward: ClassVar[bool] = True
 
     def __init__(self, model_cfg: ModelConfig, cfg: BoundaryConfig):
@@ -148,7 +151,10 @@ class BoundaryModule(nn.Module):
         """True when the method implements :meth:`step` and the step versions of any pooling it
         overrides, so ``rltok.generate`` can decode it from caches."""
         B = BoundaryModule
-        if not cls.causal or cls.step is B.step:
+        if cls.step is B.step:
+            return False
+        # a non-causal method decodes only through a declared causal stand-in (uniform)
+        if not cls.causal and cls.decode_matches_forward:
             return False
         if cls.downsample is not B.downsample and cls.downsample_step is B.downsample_step:
             return False

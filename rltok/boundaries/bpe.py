@@ -238,7 +238,7 @@ class BpeBoundaries(BoundaryModule):
                                  "--method bpe`, or set boundary.tokenizer)")
             b = torch.from_numpy(bpe_boundaries_for_ids(self._cache, ids.cpu().numpy())).to(ids.device)
         b = force_ends(b, valid)
-        decided = valid & ~forced_mask((B, S), ids.device)
+        decided = valid & ~forced_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=b.float())
 
 

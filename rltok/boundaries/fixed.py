@@ -4,10 +4,13 @@
 bytes, at uniformly random positions (top-k of uniform noise), first and last forced, resampled on
 every forward pass, evaluation included. It is not a fixed stride.
 
-Decoding: an exact count per sequence is not causal (whether byte t ends a chunk depends on how
-many later bytes there are), so ``step`` draws each boundary as Bernoulli(r*) instead: the same
-rate, a different distribution from training (``decode_matches_forward = False``). Teacher-forced
-decoding with given boundaries is exact.
+Causality: an exact count per sequence is not causal (whether byte t ends a chunk depends on how
+many bytes the sequence has), so ``causal = False``. It never depends on the *content* of later
+bytes, and in stream-packed training every row has seq_len bytes, so the count there is a
+constant; `compare` uses this variant because it is the paper's Uniform (``ExactRandomGater``)
+and holds the rate exactly. Decoding: ``step`` is a causal stand-in that draws each boundary as
+Bernoulli(r*): the same rate, a different distribution from training
+(``decode_matches_forward = False``). Teacher-forced decoding with given boundaries is exact.
 
 ``stride`` (hourglass / MEGABYTE style): a boundary every 1/r* positions of the sequence window.
 
@@ -28,27 +31,28 @@ from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, regi
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
-    """b with exactly max(2, round(rate * n)) ones among the n valid positions of a full row (the
-    forced ends plus the largest noise values among the other valid positions). In a padded row
-    (valid is a prefix) the forced last position lies in the padding, so the valid positions get
-    max(1, round(rate * n)) ones, position 0 included, and the padding position S-1 one more."""
+    """b with exactly max(2, round(rate * n)) ones among the n valid positions of each row (at
+    most n): the forced ends (position 0 and the row's last valid position) plus the largest
+    noise values among its other valid positions. Everything is per row, so a document's
+    boundaries do not depend on the padding it shares a batch with."""
     B, S = noise.shape
-    forced = forced_mask((B, S), noise.device)
+    forced = forced_mask(valid)
     n = valid.sum(1)
-    padded = n < S
-    k = torch.round(rate * n.float()).long()
-    k = torch.where(padded, k.clamp(min=1), k.clamp(min=2))
-    k = torch.minimum(k, n) + padded.long()
+    k = torch.minimum(torch.round(rate * n.float()).long().clamp(min=2), n).clamp(min=1)
     score = torch.where(valid, noise.float(), torch.full_like(noise, -1.0, dtype=torch.float))
     score = torch.where(forced, torch.full_like(score, 2.0), score)
     ranked, _ = score.sort(dim=1, descending=True)
     thr = ranked.gather(1, (k - 1).clamp(max=S - 1)[:, None])
-    return score >= thr
+    return (score >= thr) & (valid | forced)
 
 
 class UniformBoundaries(BoundaryModule):
     name = "uniform"
     stochastic = True
+    # the exact count makes a prefix's boundaries depend on the sequence's length (not on its
+    # later bytes): with the same noise, a 100-byte and a 200-byte document with a common prefix
+    # are cut differently inside it. Stream-packed training rows all have length seq_len.
+    causal = False
     decode_matches_forward = False  # decodes as Bernoulli(r*), see the module docstring
 
     def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
@@ -59,7 +63,7 @@ class UniformBoundaries(BoundaryModule):
             if noise is None:
                 noise = torch.rand(B, S, device=ids.device)
             b = exact_count_boundaries(noise, valid, self.cfg.target_rate)
-        decided = valid & ~forced_mask((B, S), ids.device)
+        decided = valid & ~forced_mask(valid)
         probs = torch.where(decided, torch.full((B, S), self.cfg.target_rate, device=ids.device),
                             b.float())
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs)
@@ -89,7 +93,7 @@ def _rule_output(b: Tensor, valid: Tensor, fixed: Tensor | None) -> BoundaryOutp
     if fixed is not None:
         b = fixed.bool()
     b = force_ends(b, valid)
-    decided = valid & ~forced_mask((B, S), b.device)
+    decided = valid & ~forced_mask(valid)
     return BoundaryOutput(hard=b.float(), decided=decided, probs=b.float())
 
 

@@ -134,7 +134,7 @@ class HNetBoundaries(BoundaryModule):
         p = F.pad(p, (1, 0), value=1.0)  # p_0 = 1
         b = fixed.bool() if fixed is not None else p >= self.cfg.threshold
         b = force_ends(b, valid)
-        decided = valid & ~forced_mask((B, S), ids.device)
+        decided = valid & ~forced_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=p)
 
     def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:

@@ -96,7 +96,7 @@ class NawrotBoundaries(BoundaryModule):
         cfg = self.cfg
         B, S = ids.shape
         logits = self.predictor(h).squeeze(-1).float()
-        forced = forced_mask((B, S), ids.device)
+        forced = forced_mask(valid)
         decided = valid & ~forced
         if mode == "greedy":
             relaxed_logits = logits / cfg.temperature

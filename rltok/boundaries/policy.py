@@ -201,7 +201,7 @@ class BoundaryPolicy(BoundaryModule):
             b = self._scan(V.detach(), noise, valid, greedy)
         b = force_ends(b, valid)
         logits = self._logits(V, b)
-        decided = valid & ~forced_mask((B, S), h.device)
+        decided = valid & ~forced_mask(valid)
         probs = torch.sigmoid(logits)
         log_prob = bernoulli_log_prob(b, logits) * decided
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,

@@ -75,6 +75,9 @@ def mean_pool(h: Tensor, chunks: Chunks, weights: Tensor | None = None) -> Tenso
     B, S, d = h.shape
     M = chunks.max_chunks
     w = torch.ones(B, S, dtype=h.dtype, device=h.device) if weights is None else weights.to(h.dtype)
+    # bytes after a row's last boundary (its padding) belong to no chunk: without this they
+    # would be clamped into the last chunk of the row with the most chunks
+    w = w * (chunks.down < chunks.counts[:, None]).to(h.dtype)
     idx = chunks.down.clamp(max=M - 1)
     num = torch.zeros(B, M, d, dtype=h.dtype, device=h.device)
     num = num.scatter_add(1, idx[..., None].expand(-1, -1, d), h * w[..., None])
@@ -88,19 +91,29 @@ def gather_up(zhat: Tensor, chunks: Chunks) -> Tensor:
     return torch.gather(zhat, 1, idx)
 
 
-def force_ends(b: Tensor, valid: Tensor | None = None) -> Tensor:
-    """Force boundaries at position 0 and at the last position; clear them on padding."""
-    b = b.clone()
-    if valid is not None:
-        b = b & valid if b.dtype == torch.bool else b * valid.to(b.dtype)
-    b[:, 0] = 1
-    b[:, -1] = 1
-    return b
+def last_valid(valid: Tensor) -> Tensor:
+    """(B,) long: each row's last valid position (0 for a row with none)."""
+    S = valid.shape[1]
+    pos = torch.arange(S, device=valid.device).expand_as(valid)
+    return torch.where(valid.bool(), pos, torch.zeros_like(pos)).amax(1)
 
 
-def forced_mask(shape: tuple[int, int], device: torch.device) -> Tensor:
-    """(B, S) bool: the positions whose boundary is forced (first and last)."""
-    m = torch.zeros(shape, dtype=torch.bool, device=device)
+def forced_mask(valid: Tensor) -> Tensor:
+    """(B, S) bool: the positions whose boundary is forced, position 0 and each row's own last
+    valid position. Per row, not the batch's last column, so that a document's boundaries do not
+    depend on the length of the others it is padded with."""
+    m = torch.zeros(valid.shape, dtype=torch.bool, device=valid.device)
     m[:, 0] = True
-    m[:, -1] = True
+    m.scatter_(1, last_valid(valid)[:, None], True)
     return m
+
+
+def force_ends(b: Tensor, valid: Tensor | None = None) -> Tensor:
+    """Force boundaries at position 0 and at each row's last valid position (the last position
+    when ``valid`` is None); clear them on padding."""
+    if valid is None:
+        valid = torch.ones(b.shape, dtype=torch.bool, device=b.device)
+    forced = forced_mask(valid)
+    if b.dtype == torch.bool:
+        return (b & valid) | forced
+    return torch.where(forced, torch.ones_like(b), b * valid.to(b.dtype))

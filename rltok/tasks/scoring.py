@@ -10,9 +10,9 @@ Two choices make a request's score a function of the request alone, never of the
 shares or of the order requests come in:
 
 * The last byte of the continuation is fed as an input too (its own prediction is ignored), so
-  every scored prediction sits before the last input position. The U-Net forces a boundary at the
-  last column of a batch; that forced boundary would otherwise change the prediction of the last
-  byte depending on the padding. Here every prediction uses boundaries the method decided.
+  every scored prediction sits before the last input position. The U-Net forces a boundary at
+  each row's last input position; that forced boundary would otherwise change the prediction of
+  the last byte. Here every prediction uses boundaries the method decided.
 * The random numbers behind sampled boundaries come from (seed, sample k, hash of BOS + context;
   of BOS + continuation when there is no context),
   laid over the untruncated sequence: choices of one question see the same uniforms on their
