@@ -24,3 +24,26 @@ def test_rope_positions_are_exact_integers():
     cos, _ = rope_angles(torch.tensor([4095, 4094]), 8, 10000.0)
     assert not torch.equal(cos[..., 0, :], cos[..., 1, :])
     assert torch.bfloat16 != cos.dtype
+
+
+@pytest.mark.parametrize("T,W", [(37, 8), (64, 16), (5, 4), (100, 1)])
+def test_explicit_local_attention_matches_sdpa(T, W):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
+    torch.testing.assert_close(local_attention(q, k, v, W, "explicit"), local_attention(q, k, v, W, "sdpa"),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [1, 7, 130])
+def test_explicit_causal_attention_matches_sdpa_and_bf16_error_is_flash_like(T):
+    from rltok.model.layers import causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, T, 64) for _ in range(3))
+    ref = causal_attention(q, k, v, "sdpa")
+    torch.testing.assert_close(causal_attention(q, k, v, "explicit"), ref, atol=1e-5, rtol=1e-5)
+    # in bf16 the explicit path's error is of the order of the fused kernel's
+    qb, kb, vb = (x.bfloat16() for x in (q, k, v))
+    err_explicit = (causal_attention(qb, kb, vb, "explicit").float() - ref).abs().max().item()
+    err_sdpa = (causal_attention(qb, kb, vb, "sdpa").float() - ref).abs().max().item()
+    assert err_explicit < 0.05 and err_explicit < 3 * err_sdpa + 1e-3

@@ -54,30 +54,78 @@ def _band_mask(window: int, device: torch.device) -> Tensor:
     return (j > i) & (j <= i + window)
 
 
-def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
-    """Exact causal sliding-window attention in O(T * window) with SDPA on blocks.
+def explicit_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(hd), masked) v with the two matmuls in the inputs' dtype and the
+    softmax in float32. ``mask`` (bool) broadcasts against the scores (..., Tq, Tk).
 
-    q, k, v: (B, H, T, hd). Each query at t attends keys t-window+1 .. t.
-    """
+    The CPU path: with a mask, SDPA on the CPU runs its math kernel in float32 (a bf16 input is
+    upcast, so both matmuls run at the float32 rate), and its flash kernel is slow at short
+    lengths (the main network's ~100 chunks). In bf16 this rounds the scores to bf16 before the
+    softmax, as any unfused bf16 attention does (max error on unit-variance inputs of the order
+    of the flash kernel's; tests/test_layers.py)."""
+    scale = q.shape[-1] ** -0.5
+    s = q @ k.transpose(-1, -2)
+    p = torch.softmax(torch.where(mask, s.float() * scale, float("-inf")), dim=-1)
+    return p.to(v.dtype) @ v
+
+
+def _blocks_for_local(q: Tensor, k: Tensor, v: Tensor, window: int):
+    """q as (B*H, nb, W, hd) blocks, keys/values of the previous and the current block
+    (B*H, nb, 2W, hd), and the band mask (nb, W, 2W)."""
     B, H, T, hd = q.shape
     W = window
     nb = -(-T // W)
     pad = nb * W - T
     if pad:
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-    qb = q.view(B, H, nb, W, hd)
-    kb = k.view(B, H, nb, W, hd)
-    vb = v.view(B, H, nb, W, hd)
-    k2 = torch.cat([F.pad(kb, (0, 0, 0, 0, 1, 0))[:, :, :-1], kb], dim=3)  # (B,H,nb,2W,hd)
-    v2 = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :, :-1], vb], dim=3)
+    qb = q.reshape(B * H, nb, W, hd)
+    kb = k.reshape(B * H, nb, W, hd)
+    vb = v.reshape(B * H, nb, W, hd)
+    k2 = torch.cat([F.pad(kb, (0, 0, 0, 0, 1, 0))[:, :-1], kb], dim=2)  # (B*H, nb, 2W, hd)
+    v2 = torch.cat([F.pad(vb, (0, 0, 0, 0, 1, 0))[:, :-1], vb], dim=2)
     mask = _band_mask(W, q.device).expand(nb, W, 2 * W).clone()
     mask[0, :, :W] = False  # block 0 has no previous block
-    # 4-D (batch*heads, blocks, ...): the fused SDPA kernels take 4-D inputs only (5-D falls
-    # back to the unfused math kernel on CUDA); the mask broadcasts over the first axis
-    out = F.scaled_dot_product_attention(qb.reshape(B * H, nb, W, hd), k2.reshape(B * H, nb, 2 * W, hd),
-                                         v2.reshape(B * H, nb, 2 * W, hd), attn_mask=mask)
-    out = out.reshape(B, H, nb * W, hd)
-    return out[:, :, :T] if pad else out
+    return qb, k2, v2, mask
+
+
+def local_attention(q: Tensor, k: Tensor, v: Tensor, window: int, impl: str = "sdpa") -> Tensor:
+    """Exact causal sliding-window attention in O(T * window), on blocks of ``window`` queries.
+
+    q, k, v: (B, H, T, hd). Each query at t attends keys t-window+1 .. t. ``impl``: ``sdpa``
+    (the fused kernels where the device has them) or ``explicit`` (:func:`explicit_attention`).
+    """
+    B, H, T, hd = q.shape
+    qb, k2, v2, mask = _blocks_for_local(q, k, v, window)
+    if impl == "explicit":
+        out = explicit_attention(qb, k2, v2, mask)
+    else:
+        # 4-D (batch*heads, blocks, ...): the fused SDPA kernels take 4-D inputs only (5-D falls
+        # back to the unfused math kernel on CUDA); the mask broadcasts over the first axis
+        out = F.scaled_dot_product_attention(qb, k2, v2, attn_mask=mask)
+    out = out.reshape(B, H, -1, hd)
+    return out[:, :, :T] if out.shape[2] != T else out
+
+
+def causal_attention(q: Tensor, k: Tensor, v: Tensor, impl: str = "sdpa") -> Tensor:
+    """Full causal attention, (B, H, T, hd)."""
+    if impl == "explicit":
+        T = q.shape[-2]
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        return explicit_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+# the explicit path is used on the CPU up to this many keys per query (its scores are
+# materialised: B*H*T*T floats for full attention)
+EXPLICIT_MAX_KEYS = 2048
+
+
+def attention_impl(q: Tensor, n_keys: int) -> str:
+    """``explicit`` on the CPU (faster there, see :func:`explicit_attention`), ``sdpa``
+    elsewhere. RLTOK_ATTENTION=sdpa forces SDPA everywhere."""
+    if os.environ.get("RLTOK_ATTENTION", "auto") == "sdpa" or q.device.type != "cpu":
+        return "sdpa"
+    return "explicit" if n_keys <= EXPLICIT_MAX_KEYS else "sdpa"
 
 
 @dataclass
@@ -214,9 +262,9 @@ class Attention(nn.Module):
                                  window_size=(left, 0))
             return self.out(a.reshape(B, T, D))
         if self.window is None or self.window >= T:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            a = causal_attention(q, k, v, attention_impl(q, T))
         else:
-            a = local_attention(q, k, v, self.window)
+            a = local_attention(q, k, v, self.window, attention_impl(q, 2 * self.window))
         return self.out(a.transpose(1, 2).reshape(B, T, D))
 
     def step(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, pos: Tensor,
