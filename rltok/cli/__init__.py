@@ -156,15 +156,16 @@ def device_arg(text: str) -> str:
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=0, metavar="N",
-                   help="CPU threads for torch (0 = torch's default). On a machine shared with other "
-                        "jobs, 1 avoids the large slowdown of oversubscribed threads")
+                   help="CPU threads for torch (0 = the cores available to this process, less those "
+                        "busy with other work right now; OMP_NUM_THREADS also sets it). On a machine "
+                        "shared with other jobs, 1 avoids the large slowdown of oversubscribed threads")
 
 
-def apply_threads(args) -> None:
+def apply_threads(args):
+    """Set torch's thread count from ``--threads`` (0: rltok.threads.choose_threads)."""
     n = getattr(args, "threads", 0) or 0
     if n < 0 or n > 4096:
         raise RltokError(f"--threads {n} must be in [0, 4096]")
-    if n:
-        import torch
+    from ..threads import set_threads
 
-        torch.set_num_threads(n)
+    return set_threads(n)

@@ -34,7 +34,7 @@ def register(sub) -> None:
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="fp32", help="compute precision")
     p.add_argument("--threads", type=nonneg_int, default=0,
-                   help="CPU threads (0 = torch's default); 1 is often fastest for one byte at a time")
+                   help="CPU threads (0 = the available cores less those busy with other work); 1 is often fastest for one byte at a time")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint (e.g. step_00000100) instead of the final weights")
     p.set_defaults(func=run)
 
@@ -55,10 +55,9 @@ def run(args) -> int:
     from ..text import printable, to_bytes
 
     prompts = _prompts(args)
-    if args.threads:
-        import torch
+    from . import apply_threads
 
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
     out = sys.stdout
     streaming = len(prompts) == 1 and not args.json
