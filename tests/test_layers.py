@@ -47,3 +47,27 @@ def test_explicit_causal_attention_matches_sdpa_and_bf16_error_is_flash_like(T):
     err_explicit = (causal_attention(qb, kb, vb, "explicit").float() - ref).abs().max().item()
     err_sdpa = (causal_attention(qb, kb, vb, "sdpa").float() - ref).abs().max().item()
     assert err_explicit < 0.05 and err_explicit < 3 * err_sdpa + 1e-3
+
+
+def test_main_network_on_packed_chunks_matches_the_padded_layout():
+    """The main network run on the real chunks only (PackedRows) gives the padded layout's
+    outputs on every real chunk, values and gradients."""
+    from rltok.boundaries import get_method
+    from rltok.config import build_config
+
+    cfg = build_config("rl", "smoke", overrides={"model.seq_len": 32})
+    torch.manual_seed(0)
+    model = get_method("rl").build(cfg, None)
+    B, M, d = 3, 9, cfg.model.d_model
+    z = torch.randn(B, M, d, requires_grad=True)
+    counts = torch.tensor([9, 4, 6])
+    valid = torch.arange(M)[None, :] < counts[:, None]
+    z_in = z * valid[..., None]
+    positions = torch.where(valid, torch.arange(M)[None, :] * 3, torch.full((B, M), 31))
+    padded = model.run_main(z_in, positions)
+    packed = model.run_main(z_in, positions, valid=valid)
+    torch.testing.assert_close(packed[valid], padded[valid], atol=1e-5, rtol=1e-5)
+    assert packed[~valid].abs().max() == 0
+    g1, = torch.autograd.grad(padded[valid].sum(), z, retain_graph=True)
+    g2, = torch.autograd.grad(packed[valid].sum(), z)
+    torch.testing.assert_close(g2, g1, atol=1e-5, rtol=1e-5)

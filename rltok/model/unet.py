@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from ..boundaries.base import BoundaryModule, BoundaryOutput
 from ..config import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig
 from .chunking import Chunks, chunk_indices
-from .layers import Block, RMSNorm, rope_angles
+from .layers import Block, PackedRows, RMSNorm, rope_angles
 
 
 @dataclass
@@ -76,11 +76,21 @@ class ByteUNet(nn.Module):
             x = blk(x, cos, sin, _layer_hook(on_kv, "encoder", i))
         return x, cos, sin
 
-    def run_main(self, z: Tensor, positions: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
+    def run_main(self, z: Tensor, positions: Tensor, on_kv: KVRecorder | None = None,
+                 valid: Tensor | None = None) -> Tensor:
+        """The main network over chunks z (B, M, d). With ``valid`` (B, M), its position-wise
+        layers run on the real chunks only (:class:`PackedRows`); padding chunks come out as
+        zeros (nothing reads them: causal attention, and bytes take their row's real chunks)."""
         cos, sin = rope_angles(positions, self.head_dim, self.cfg.rope_theta)
-        for i, blk in enumerate(self.main):
-            z = blk(z, cos, sin, _layer_hook(on_kv, "main", i))
-        return z
+        if valid is None or on_kv is not None:  # the prefill records padded keys/values
+            for i, blk in enumerate(self.main):
+                z = blk(z, cos, sin, _layer_hook(on_kv, "main", i))
+            return z
+        rows = PackedRows.of(valid)
+        x = rows.pack(z)
+        for blk in self.main:
+            x = blk(x, cos, sin, rows=rows)
+        return rows.unpack(x)
 
     def forward(self, ids: Tensor, *, noise: Tensor | None = None, boundaries: Tensor | None = None,
                 mode: str = "sample", valid: Tensor | None = None,
@@ -95,7 +105,7 @@ class ByteUNet(nn.Module):
         bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
         chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
         z = self.boundary.downsample(h, bo, chunks)
-        zhat = self.run_main(z, chunks.positions, on_kv)
+        zhat = self.run_main(z, chunks.positions, on_kv, chunks.valid)
         u = self.boundary.upsample(h, zhat, bo, chunks)
         for i, blk in enumerate(self.decoder):
             u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
