@@ -192,7 +192,10 @@ class RunConfig:
         return max(1, math.ceil(self.train.total_bytes / self.bytes_per_step))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+    def from_dict(cls, d: dict[str, Any], strict: bool = False) -> "RunConfig":
+        """A config from its JSON form. ``strict`` (a run directory written by this format):
+        unknown keys are refused and missing keys named, as ``--set`` refuses a typo.
+        Otherwise unknown keys are ignored and missing ones take their defaults."""
         from .boundaries import get_method
 
         method = d.get("method", "rl")
@@ -200,15 +203,36 @@ class RunConfig:
         spec = get_method(method)
         cfg = cls(method=method, preset=str(d.get("preset", "")), recipe=str(d.get("recipe", "")),
                   boundary=spec.config_cls())
+        unknown, missing = [], []
+        if strict:
+            top = {f.name for f in fields(cls)} | set(VERSION_KEYS)
+            unknown += [k for k in d if k not in top]
+            missing += [k for k in ("method", "model", "boundary", "train", "data") if k not in d]
         for section in ("model", "boundary", "train", "data"):
             obj = getattr(cfg, section)
             known = {f.name for f in fields(obj)}
             values = d.get(section) or {}
             _check(isinstance(values, dict), f"{section!r} must be a JSON object")
             for k, v in values.items():
-                if k in known:  # unknown keys from other versions are ignored on load
+                if k in known:
                     setattr(obj, k, v)
+                else:
+                    unknown.append(f"{section}.{k}")
+            if strict and section in d:
+                missing += [f"{section}.{k}" for k in sorted(known - set(values))]
+        if strict and unknown:
+            raise RltokError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown[:5])}"
+                             f"{' ...' if len(unknown) > 5 else ''} (`rltok train --list-keys` lists the keys)")
+        if strict and missing:
+            raise RltokError(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
+                             f"{' ...' if len(missing) > 5 else ''}")
         return cfg
+
+
+# A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
+# directory's layout or to the meaning of config keys; a run of a newer format is refused.
+FORMAT_VERSION = 1
+VERSION_KEYS = ("rltok_version", "format_version")
 
 
 def _check(ok: bool, message: str) -> None:

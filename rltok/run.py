@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
-from .config import RunConfig
+from .config import FORMAT_VERSION, RunConfig
 from .errors import RltokError
 
 CONFIG = "config.json"
@@ -46,14 +46,44 @@ def read_config(run_dir: Path) -> RunConfig:
         raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
     if not isinstance(d, dict):
         raise RltokError(f"{run_dir / CONFIG}: not a run config")
+    from . import __version__
+
+    fmt = d.get("format_version", 0)
+    if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
+        raise RltokError(f"{run_dir / CONFIG}: format_version={fmt!r} must be a non-negative integer")
+    if fmt > FORMAT_VERSION:
+        raise RltokError(f"{run_dir / CONFIG}: written by rltok {d.get('rltok_version', '?')} in run format "
+                         f"{fmt}; this rltok ({__version__}) reads formats up to {FORMAT_VERSION}: upgrade rltok")
     try:
-        return RunConfig.from_dict(d).validate()
+        # format 0: runs from before versions were recorded; their keys are checked leniently
+        return RunConfig.from_dict(d, strict=fmt >= 1).validate()
     except RltokError as e:
-        raise RltokError(f"{run_dir / CONFIG}: {e}") from None
+        written = f" (written by rltok {d['rltok_version']})" if "rltok_version" in d else ""
+        raise RltokError(f"{run_dir / CONFIG}: {e}{written}") from None
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
-    write_json_atomic(Path(run_dir) / CONFIG, cfg.to_dict())
+    from . import __version__
+
+    write_json_atomic(Path(run_dir) / CONFIG, {**cfg.to_dict(), "rltok_version": __version__,
+                                               "format_version": FORMAT_VERSION})
+
+
+def check_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: Path | str) -> None:
+    """One line naming the first tensor whose name or shape does not fit the model the config
+    implies (instead of torch's multi-line size-mismatch report)."""
+    want = model.state_dict()
+    for name, t in tensors.items():
+        if name not in want:
+            raise RltokError(f"{source}: tensor {name} is not in the model its config implies "
+                             f"({len(want)} tensors expected)")
+        if tuple(t.shape) != tuple(want[name].shape):
+            raise RltokError(f"{source}: tensor {name} has shape {list(t.shape)} in the file; the config "
+                             f"implies {list(want[name].shape)}")
+    absent = [n for n in want if n not in tensors]
+    if absent:
+        raise RltokError(f"{source}: tensor {absent[0]} is missing from the file"
+                         f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}")
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -132,17 +162,18 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoi
         from .checkpoint import load_checkpoint
 
         tensors = load_checkpoint(path)[0]
+        source = path
     elif (run_dir / MODEL).is_file():
-        tensors = load_tensors(run_dir / MODEL)
+        source = run_dir / MODEL
+        tensors = load_tensors(source)
     else:
         ck = latest_valid_checkpoint(run_dir)
         if ck is None:
             raise RltokError(f"{run_dir}: the run has no weights yet (no {MODEL} and no valid checkpoint)")
-        tensors = load_tensors(ck / "model.safetensors")
-    missing, unexpected = model.load_state_dict(tensors, strict=False)
-    if missing or unexpected:
-        raise RltokError(f"{run_dir}: weights do not match the config (missing {len(missing)}, "
-                         f"unexpected {len(unexpected)} tensors, e.g. {(missing or unexpected)[0]})")
+        source = ck / "model.safetensors"
+        tensors = load_tensors(source)
+    check_weights(model, tensors, source)
+    model.load_state_dict(tensors)
     model.run_config = cfg
     model.run_dir = run_dir
     return model.to(device).eval()

@@ -257,6 +257,10 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
     model = build_model(cfg, out).to(info.device)
     log = MetricsLog(out / METRICS, info.is_main)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
+    if info.device.type == "cpu":
+        from .threads import describe_current
+
+        warn(f"rltok: {describe_current()}")
 
     step, bytes_seen, bad_total, consecutive_bad = 0, 0, 0, 0
     resume_from = None
@@ -268,6 +272,9 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
             log.truncate_after(0)
         else:
             path, m, o, state = found
+            from .run import check_weights
+
+            check_weights(model, m, path)
             try:
                 model.load_state_dict(m)  # full weights, before sharding: any world size
                 if "torch_rng" in state:

@@ -56,7 +56,9 @@ def run(args) -> int:
     names = [canonical_task(t) for t in args.tasks.split(",") if t.strip()]
     if not names:
         raise RltokError("--tasks: name at least one task")
+    model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)  # a bad run fails first
     data = {t: load_task(t, args.data_dir, args.limit) for t in dict.fromkeys(names)}
+
     def score(model):  # the same items, settings and boundary draws for RUN and RUN2
         return evaluate_tasks(model, data, samples=args.samples, seed=args.seed,
                               mode="greedy" if args.greedy_boundaries else "sample",
@@ -64,7 +66,6 @@ def run(args) -> int:
                               gold_only=args.gold_only, generation=not args.no_generation,
                               progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
 
-    model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
     cfg = model.run_config
     results = score(model)
     seq_len = cfg.model.seq_len
