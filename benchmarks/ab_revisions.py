@@ -83,7 +83,9 @@ class Worker:
             cmd += ["--init-from", str(Path(args.init_from).resolve())]
         for kv in [*args.set, *extra]:
             cmd += ["--set", kv]
-        env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(args.threads))
+        # the oneDNN kernel-cache bound the CLI sets (rltok/cli/__init__.py), so memory is as in training
+        env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS=str(args.threads),
+                   ONEDNN_PRIMITIVE_CACHE_CAPACITY=os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256"))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
                                      cwd=str(REPO))
         self.ready = self._read()

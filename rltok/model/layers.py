@@ -245,16 +245,24 @@ class PackedRows:
     index: Tensor  # (N,) long: flat indices into B * T of the real rows
     B: int
     T: int
+    multiple: int = 64  # the packed rows are padded with zero rows to a multiple of this
 
     @classmethod
-    def of(cls, valid: Tensor) -> "PackedRows":
+    def of(cls, valid: Tensor, multiple: int = 64) -> "PackedRows":
         B, T = valid.shape
-        return cls(index=valid.reshape(-1).nonzero().squeeze(1), B=B, T=T)
+        return cls(index=valid.reshape(-1).nonzero().squeeze(1), B=B, T=T, multiple=multiple)
 
     def pack(self, x: Tensor) -> Tensor:
-        return x.reshape(self.B * self.T, *x.shape[2:]).index_select(0, self.index)
+        """(B, T, ...) -> (N', ...): the real rows, then zero rows up to a multiple of
+        ``multiple``, so the matmuls see few distinct shapes (the CPU's kernel cache holds one
+        compiled kernel per shape)."""
+        rows = x.reshape(self.B * self.T, *x.shape[2:]).index_select(0, self.index)
+        pad = -len(self.index) % self.multiple
+        return torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])]) if pad else rows
 
     def unpack(self, x: Tensor) -> Tensor:
+        """(N', ...) -> (B, T, ...), padding rows as zeros."""
+        x = x[: len(self.index)]
         out = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy(0, self.index, x)
         return out.view(self.B, self.T, *x.shape[1:])
 
