@@ -29,12 +29,18 @@ def test_matmul_flops_match_torch_flop_counter():
     (uniform boundaries: the same chunk count in every row, so no padded chunks)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    cfg = build_config("uniform", "smoke")
+    import rltok.model.layers as layers
+
+    cfg = build_config("uniform", "smoke", overrides={"model.chunk_pad_multiple": 1})
     model = get_method("uniform").build(cfg, None)
     B, S = 3, cfg.model.seq_len
+    layers.PACK_MULTIPLE, saved = 1, layers.PACK_MULTIPLE  # no padding rows: the real chunks only
     ids = torch.randint(0, 256, (B, S))
-    with FlopCounterMode(display=False) as fc:
-        out = model(ids, noise=torch.rand(B, S))
+    try:
+        with FlopCounterMode(display=False) as fc:
+            out = model(ids, noise=torch.rand(B, S))
+    finally:
+        layers.PACK_MULTIPLE = saved
     M = int(out.chunks.counts[0])
     assert (out.chunks.counts == M).all() and out.chunks.max_chunks == M
     counts = {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}

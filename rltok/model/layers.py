@@ -232,6 +232,11 @@ def _use_flash(q: Tensor) -> bool:
     return flash_available() and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and q.shape[-1] <= 256
 
 
+# packed rows are padded to a multiple of this many (at tiny's ~1700 chunks per batch: <= 3.7%
+# more main-network work, 1.8% on average, against 18% for the padded layout)
+PACK_MULTIPLE = 64
+
+
 @dataclass
 class PackedRows:
     """The real rows of a right-padded (B, T) batch, packed into N = (number of real rows).
@@ -248,9 +253,10 @@ class PackedRows:
     multiple: int = 64  # the packed rows are padded with zero rows to a multiple of this
 
     @classmethod
-    def of(cls, valid: Tensor, multiple: int = 64) -> "PackedRows":
+    def of(cls, valid: Tensor, multiple: int | None = None) -> "PackedRows":
         B, T = valid.shape
-        return cls(index=valid.reshape(-1).nonzero().squeeze(1), B=B, T=T, multiple=multiple)
+        return cls(index=valid.reshape(-1).nonzero().squeeze(1), B=B, T=T,
+                   multiple=PACK_MULTIPLE if multiple is None else multiple)
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (N', ...): the real rows, then zero rows up to a multiple of
