@@ -11,7 +11,7 @@ with REINFORCE (Dauncey & Wattenhofer, ICML 2026), with every baseline in one ha
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = ["load", "score", "segment", "__version__"]
 

@@ -237,11 +237,11 @@ class BpeAgreement:
             return
         from .boundaries.bpe import bpe_boundaries_for_ids
         from .config import PAD
-        from .model.chunking import forced_mask
+        from .model.chunking import decided_mask
 
         ids = batch.ids.cpu()
         ref = torch.from_numpy(bpe_boundaries_for_ids(self.cache, ids.numpy()))
-        dec = (ids != PAD) & ~forced_mask(ids != PAD)
+        dec = decided_mask(ids != PAD)
         pred = out.boundaries.cpu().bool() & dec
         ref = ref & dec
         self.tp += int((pred & ref).sum())

@@ -218,16 +218,14 @@ class RunConfig:
             for k, v in values.items():
                 if k in known:
                     setattr(obj, k, v)
-                else:
+                elif strict:
                     unknown.append(f"{section}.{k}")
             if strict and section in d:
                 missing += [f"{section}.{k}" for k in sorted(known - set(values))]
         if strict and unknown:
-            raise RltokError(f"unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown[:5])}"
-                             f"{' ...' if len(unknown) > 5 else ''} (`rltok train --list-keys` lists the keys)")
+            raise RltokError(_keys("unknown", unknown) + " (`rltok train --list-keys` lists the keys)")
         if strict and missing:
-            raise RltokError(f"missing key{'s' if len(missing) > 1 else ''} {', '.join(missing[:5])}"
-                             f"{' ...' if len(missing) > 5 else ''}")
+            raise RltokError(_keys("missing", missing))
         return cfg
 
 
@@ -235,6 +233,12 @@ class RunConfig:
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
 FORMAT_VERSION = 1
 VERSION_KEYS = ("rltok_version", "format_version")
+
+
+def _keys(what: str, keys: list[str]) -> str:
+    """'unknown key a.b' / 'missing keys a, b, c ...' (at most five named)."""
+    more = " ..." if len(keys) > 5 else ""
+    return f"{what} key{'s' if len(keys) > 1 else ''} {', '.join(keys[:5])}{more}"
 
 
 def _check(ok: bool, message: str) -> None:

@@ -23,7 +23,7 @@ from torch import nn
 from .config import PAD
 from .data.corpus import Corpus
 from .data.loader import Batch, document_batches
-from .model.chunking import forced_mask
+from .model.chunking import decided_mask
 from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
 
 
@@ -113,7 +113,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                 on_batch(idx, batch, out, k)
             if out.boundaries is not None:
                 valid = batch.ids != PAD
-                dec = valid & ~forced_mask(valid)
+                dec = decided_mask(valid)
                 c = boundary_counts(batch.ids, out.boundaries, valid, dec)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)

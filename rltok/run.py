@@ -22,6 +22,7 @@ from torch import nn
 from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
 from .config import FORMAT_VERSION, RunConfig
 from .errors import RltokError
+from .version import __version__
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
@@ -46,8 +47,6 @@ def read_config(run_dir: Path) -> RunConfig:
         raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
     if not isinstance(d, dict):
         raise RltokError(f"{run_dir / CONFIG}: not a run config")
-    from . import __version__
-
     fmt = d.get("format_version", 0)
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
         raise RltokError(f"{run_dir / CONFIG}: format_version={fmt!r} must be a non-negative integer")
@@ -63,8 +62,6 @@ def read_config(run_dir: Path) -> RunConfig:
 
 
 def write_config(run_dir: Path, cfg: RunConfig) -> None:
-    from . import __version__
-
     write_json_atomic(Path(run_dir) / CONFIG, {**cfg.to_dict(), "rltok_version": __version__,
                                                "format_version": FORMAT_VERSION})
 

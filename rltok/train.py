@@ -34,7 +34,8 @@ from .distributed import DistInfo, StopVote, init_distributed, launched_by_torch
 from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
-from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, read_config, write_config
+from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, read_config, write_config
+from .threads import describe_current
 
 from .signals import EXIT_SIGINT, EXIT_SIGTERM  # noqa: F401  (documented exit statuses)
 from .signals import StopRequest as _StopRequest
@@ -258,8 +259,6 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
     log = MetricsLog(out / METRICS, info.is_main)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
     if info.device.type == "cpu":
-        from .threads import describe_current
-
         warn(f"rltok: {describe_current()}")
 
     step, bytes_seen, bad_total, consecutive_bad = 0, 0, 0, 0
@@ -272,8 +271,6 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
             log.truncate_after(0)
         else:
             path, m, o, state = found
-            from .run import check_weights
-
             check_weights(model, m, path)
             try:
                 model.load_state_dict(m)  # full weights, before sharding: any world size

@@ -30,6 +30,7 @@ from rltok.boundaries.base import bernoulli_log_prob
 from rltok.config import build_config
 from rltok.data.loader import Batch
 from rltok.objectives import per_position_ce, training_loss
+from test_estimator import naive_rtg
 
 S = 6  # positions: BOS + 5 bytes; 4 decided (first and last forced)
 
@@ -174,15 +175,6 @@ def _capture(model):
     return store, lambda: (setattr(model.boundary, "forward", boundary_forward), handle.remove())
 
 
-def _naive_return(A, gamma):
-    G = torch.zeros_like(A, dtype=torch.float64)
-    acc = torch.zeros(A.shape[0], dtype=torch.float64)
-    for t in range(A.shape[1] - 1, -1, -1):
-        acc = A[:, t].double() + gamma * acc
-        G[:, t] = acc
-    return G
-
-
 @pytest.mark.parametrize("reward", ["early_exit", "neg_ce"])
 @pytest.mark.parametrize("baseline", ["batch_mean", "leave_one_out", "none"])
 @pytest.mark.parametrize("gamma", [0.5, 1.0])
@@ -218,7 +210,7 @@ def test_training_path_return_sums_later_rewards(reward, baseline, gamma):
         A = r - (r.sum(0, keepdim=True) - r) / (B - 1)
     else:
         A = r
-    G = _naive_return(A, gamma)
+    G = naive_rtg(A, gamma)
     N = batch.targets.numel()
     want = -cfg.boundary.pg_weight * G / N
     got = bo.log_prob.grad.double()
@@ -226,7 +218,7 @@ def test_training_path_return_sums_later_rewards(reward, baseline, gamma):
     assert dec.sum() > 0
     torch.testing.assert_close(got[dec], want[dec], atol=1e-9, rtol=1e-4)
     # a return that summed earlier rewards would differ: the check can tell the two apart
-    wrong = -cfg.boundary.pg_weight * _naive_return(A.flip(1), gamma).flip(1) / N
+    wrong = -cfg.boundary.pg_weight * naive_rtg(A.flip(1), gamma).flip(1) / N
     assert not torch.allclose(got[dec], wrong[dec], atol=1e-9, rtol=1e-2)
 
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from .. import bpe as bpe_lib
 from ..config import BOS, BoundaryConfig, RunConfig
 from ..errors import RltokError
-from ..model.chunking import force_ends, forced_mask
+from ..model.chunking import decided_mask, force_ends
 from .base import BoundaryModule, BoundaryOutput, MethodSpec, register
 
 TOKENIZER = "tokenizer.json"
@@ -229,7 +229,6 @@ class BpeBoundaries(BoundaryModule):
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
-        B, S = ids.shape
         if fixed is not None:
             b = fixed.bool()
         else:
@@ -238,7 +237,7 @@ class BpeBoundaries(BoundaryModule):
                                  "--method bpe`, or set boundary.tokenizer)")
             b = torch.from_numpy(bpe_boundaries_for_ids(self._cache, ids.cpu().numpy())).to(ids.device)
         b = force_ends(b, valid)
-        decided = valid & ~forced_mask(valid)
+        decided = decided_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=b.float())
 
 

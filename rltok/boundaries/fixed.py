@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from ..config import BoundaryConfig
-from ..model.chunking import force_ends, forced_mask
+from ..model.chunking import decided_mask, force_ends, forced_mask
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register, unet_builder
 
 
@@ -63,7 +63,7 @@ class UniformBoundaries(BoundaryModule):
             if noise is None:
                 noise = torch.rand(B, S, device=ids.device)
             b = exact_count_boundaries(noise, valid, self.cfg.target_rate)
-        decided = valid & ~forced_mask(valid)
+        decided = decided_mask(valid)
         probs = torch.where(decided, torch.full((B, S), self.cfg.target_rate, device=ids.device),
                             b.float())
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs)
@@ -89,11 +89,10 @@ register(MethodSpec(
 
 def _rule_output(b: Tensor, valid: Tensor, fixed: Tensor | None) -> BoundaryOutput:
     """BoundaryOutput for a deterministic rule: probability 1 where b is set, 0 elsewhere."""
-    B, S = b.shape
     if fixed is not None:
         b = fixed.bool()
     b = force_ends(b, valid)
-    decided = valid & ~forced_mask(valid)
+    decided = decided_mask(valid)
     return BoundaryOutput(hard=b.float(), decided=decided, probs=b.float())
 
 

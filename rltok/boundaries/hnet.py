@@ -37,7 +37,7 @@ from torch import Tensor, nn
 from .. import estimator as est
 from ..config import BoundaryConfig, ModelConfig
 from ..errors import RltokError
-from ..model.chunking import Chunks, force_ends, forced_mask, gather_up
+from ..model.chunking import Chunks, decided_mask, force_ends, gather_up
 from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register, unet_builder
 
 P_MIN = 1e-4
@@ -126,7 +126,6 @@ class HNetBoundaries(BoundaryModule):
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
-        B, S = ids.shape
         q = F.normalize(self.q_proj(h[:, :-1]).float(), dim=-1)
         k = F.normalize(self.k_proj(h[:, 1:]).float(), dim=-1)
         cos = (q * k).sum(-1)
@@ -134,7 +133,7 @@ class HNetBoundaries(BoundaryModule):
         p = F.pad(p, (1, 0), value=1.0)  # p_0 = 1
         b = fixed.bool() if fixed is not None else p >= self.cfg.threshold
         b = force_ends(b, valid)
-        decided = valid & ~forced_mask(valid)
+        decided = decided_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=p)
 
     def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:

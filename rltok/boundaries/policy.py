@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..config import BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
-from ..model.chunking import force_ends, forced_mask
+from ..model.chunking import decided_mask, force_ends
 from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
                    bernoulli_entropy, bernoulli_log_prob, register, unet_builder)
 
@@ -201,7 +201,7 @@ class BoundaryPolicy(BoundaryModule):
             b = self._scan(V.detach(), noise, valid, greedy)
         b = force_ends(b, valid)
         logits = self._logits(V, b)
-        decided = valid & ~forced_mask(valid)
+        decided = decided_mask(valid)
         probs = torch.sigmoid(logits)
         log_prob = bernoulli_log_prob(b, logits) * decided
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,

@@ -108,6 +108,11 @@ def forced_mask(valid: Tensor) -> Tensor:
     return m
 
 
+def decided_mask(valid: Tensor) -> Tensor:
+    """(B, S) bool: the positions where a method decides: valid and not forced."""
+    return valid & ~forced_mask(valid)
+
+
 def force_ends(b: Tensor, valid: Tensor | None = None) -> Tensor:
     """Force boundaries at position 0 and at each row's last valid position (the last position
     when ``valid`` is None); clear them on padding."""

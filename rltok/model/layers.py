@@ -250,7 +250,7 @@ class PackedRows:
     index: Tensor  # (N,) long: flat indices into B * T of the real rows
     B: int
     T: int
-    multiple: int = 64  # the packed rows are padded with zero rows to a multiple of this
+    multiple: int  # the packed rows are padded with zero rows to a multiple of this
 
     @classmethod
     def of(cls, valid: Tensor, multiple: int | None = None) -> "PackedRows":
