@@ -1,6 +1,8 @@
 """Bits-per-byte on held-out documents, and boundary statistics (spec section 6).
 
-Each document is scored as BOS + its first seq_len bytes (the paper truncates to the context).
+Each document is scored as BOS + its first seq_len bytes (the paper truncates to the context), or,
+with ``whole=True``, whole: cut into windows of seq_len bytes that score every byte once, with at
+least seq_len - stride bytes of context after the first window (``data.loader.window_starts``).
 Per document: bpb_doc = sum_t -log p(x_{t+1} | x_<=t) / (ln 2 * n_bytes). Reported: the mean over
 documents with its standard error (the paper's number), and the corpus value (total bits / total
 bytes). Boundaries are sampled from the method as in training (K samples averaged per document),
@@ -22,7 +24,7 @@ from torch import nn
 
 from .config import PAD
 from .data.corpus import Corpus
-from .data.loader import Batch, document_batches
+from .data.loader import Batch, document_batches, document_windows
 from .model.chunking import decided_mask
 from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
 
@@ -39,6 +41,7 @@ class EvalResult:
     bytes: int
     samples: int
     mode: str
+    scoring: str = "first"  # "first": each document's first seq_len bytes; "whole:STRIDE": all of it
     per_doc_bpb: list[float] = field(default_factory=list)
     word_start_recall: float = float("nan")  # boundaries on the first byte of words (see objectives)
 
@@ -74,19 +77,25 @@ def autocast_for(device: torch.device, dtype: str):
     return nullcontext()
 
 
-def eval_noise(seed: int, sample: int, doc_indices, length: int) -> torch.Tensor:
-    rows = [np.random.default_rng([seed, 13, sample, int(i)]).random(length, dtype=np.float32)
-            for i in doc_indices]
+def eval_noise(seed: int, sample: int, doc_indices, length: int, windows=None) -> torch.Tensor:
+    """Uniforms for the boundary draws of sample ``sample`` of each document (and window: window 0
+    draws what a first-window evaluation draws, so the two agree on documents that fit)."""
+    windows = [0] * len(doc_indices) if windows is None else windows
+    rows = [np.random.default_rng([seed, 13, sample, int(i)] + ([int(w)] if w else [])).random(length, dtype=np.float32)
+            for i, w in zip(doc_indices, windows)]
     return torch.from_numpy(np.stack(rows))
 
 
 @torch.no_grad()
 def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | None = None,
                     samples: int = 1, mode: str = "sample", batch_size: int = 8, seed: int = 0,
-                    dtype: str = "bf16", progress: bool = False,
+                    dtype: str = "bf16", progress: bool = False, whole: bool = False,
+                    stride: int | None = None,
                     on_batch: Callable[[np.ndarray, Batch, ScoreOutput, int], None] | None = None) -> EvalResult:
     """``on_batch(doc_indices, batch, score_output, sample)`` sees every scored batch (e.g. to
-    collect the boundaries used)."""
+    collect the boundaries used; with ``whole`` its rows are windows and ``doc_indices`` has one
+    entry per row). ``whole``: score every byte of each document (module docstring); ``stride``
+    (default seq_len) sets how far apart its windows start."""
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -94,26 +103,35 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     nll_doc = np.zeros(n_docs)
     bytes_doc = np.zeros(n_docs, dtype=np.int64)
     counts: dict[str, float] = {}
-    batches = document_batches(corpus, seq_len, batch_size, n_docs)
+    stride = seq_len if stride is None else stride
+    if not 1 <= stride <= seq_len:
+        raise ValueError(f"stride={stride} must be in 1..seq_len={seq_len}")
+    if whole:
+        batches = document_windows(corpus, seq_len, batch_size, n_docs, stride)
+        n_batches = None
+    else:
+        batches = ((idx, None, b) for idx, b in document_batches(corpus, seq_len, batch_size, n_docs))
+        n_batches = math.ceil(n_docs / batch_size)
     if progress:
         from tqdm import tqdm
 
-        batches = tqdm(batches, total=math.ceil(n_docs / batch_size), desc="eval", unit="batch")
+        batches = tqdm(batches, total=n_batches, desc="eval", unit="batch")
     k_samples = 1 if mode == "greedy" else samples
-    for idx, batch in batches:
+    for idx, windows, batch in batches:
         batch = batch.to(device)
-        tmask = batch.targets >= 0
-        bytes_doc[idx] = tmask.sum(1).cpu().numpy()
+        scored = batch.targets >= 0
+        np.add.at(bytes_doc, idx, scored.sum(1).cpu().numpy())
         for k in range(k_samples):
-            noise = eval_noise(seed, k, idx, batch.ids.shape[1]).to(device)
+            noise = eval_noise(seed, k, idx, batch.ids.shape[1], windows).to(device)
             with autocast_for(device, dtype):
                 out = score(model, batch, noise=noise, mode=mode)
-            nll_doc[idx] += out.nll.double().sum(1).cpu().numpy() / k_samples
+            np.add.at(nll_doc, idx, out.nll.double().sum(1).cpu().numpy() / k_samples)
             if on_batch is not None:
                 on_batch(idx, batch, out, k)
             if out.boundaries is not None:
-                valid = batch.ids != PAD
-                dec = decided_mask(valid)
+                # statistics over the scored bytes (all inputs, outside a window's overlap)
+                valid = scored
+                dec = decided_mask(batch.ids != PAD)
                 c = boundary_counts(batch.ids, out.boundaries, valid, dec)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)
@@ -127,4 +145,4 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
         whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"], docs=n_docs, bytes=int(bytes_doc.sum()),
-        samples=k_samples, mode=mode, per_doc_bpb=[float(x) for x in per_doc])
+        samples=k_samples, mode=mode, scoring=f"whole:{stride}" if whole else "first", per_doc_bpb=[float(x) for x in per_doc])

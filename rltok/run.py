@@ -55,7 +55,7 @@ def read_config(run_dir: Path) -> RunConfig:
                          f"{fmt}; this rltok ({__version__}) reads formats up to {FORMAT_VERSION}: upgrade rltok")
     try:
         # format 0: runs from before versions were recorded; their keys are checked leniently
-        return RunConfig.from_dict(d, strict=fmt >= 1).validate()
+        return RunConfig.from_dict(d, strict=fmt >= 1, format_version=fmt).validate()
     except RltokError as e:
         written = f" (written by rltok {d['rltok_version']})" if "rltok_version" in d else ""
         raise RltokError(f"{run_dir / CONFIG}: {e}{written}") from None
@@ -173,4 +173,34 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoi
     model.load_state_dict(tensors)
     model.run_config = cfg
     model.run_dir = run_dir
+    model.weights = weights_used(run_dir, Path(source))
     return model.to(device).eval()
+
+
+def weights_used(run_dir: Path, source: Path) -> dict[str, Any]:
+    """What every output names: the weights file used, relative to the run where it lies inside
+    it (``model.safetensors`` or ``checkpoints/step_00000078``), the optimizer step it holds, and
+    whether the run finished (a run stopped early is evaluated on its newest checkpoint)."""
+    source = Path(source)
+    where = source.parent if source.name == MODEL and source.parent.name.startswith("step_") else source
+    try:
+        name = str(where.resolve().relative_to(Path(run_dir).resolve()))
+    except ValueError:
+        name = str(where)
+    step = None
+    if where.name.startswith("step_") and where.name[5:].isdigit():
+        step = int(where.name[5:])
+    else:
+        s = read_summary(run_dir)
+        if s and isinstance(s.get("steps"), int):
+            step = s["steps"]
+    return {"checkpoint": name, "step": step, "finished": is_finished(run_dir)}
+
+
+def describe_weights(model: nn.Module) -> str:
+    """One line: ``checkpoints/step_00000078 (step 78; the run has not finished)``."""
+    w = getattr(model, "weights", None)
+    if not w:
+        return "weights given in memory"
+    step = f"step {w['step']}; " if w.get("step") is not None else ""
+    return f"{w['checkpoint']} ({step}{'finished run' if w['finished'] else 'the run has not finished'})"

@@ -107,6 +107,9 @@ metric_list:
   - metric: acc
     aggregation: mean
     higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
 """)
     out = tmp_path / "res"
     r = subprocess.run([sys.executable, "-m", "rltok.tasks.lm_eval_adapter", "--model", "rltok",
@@ -119,4 +122,13 @@ metric_list:
     res = json.loads(next(out.rglob("results_*.json")).read_text())
     acc = res["results"]["rltok_piqa_local"]["acc,none"]
     lm = RltokLM(path=str(smoke_runs["rl"]))
-    assert acc == pytest.approx(aggregate("piqa", items, score_items(lm.model, items, dtype=lm.dtype)).acc)
+    scores = score_items(lm.model, items, dtype=lm.dtype)
+    assert acc == pytest.approx(aggregate("piqa", items, scores).acc)
+    # lm-eval's acc_norm divides by the choice's characters; with target_delimiter "" the leading
+    # space is part of the choice here, so rltok's acc_norm (which drops a leading " ", as in
+    # lm-eval's own tasks where the delimiter is " ") is recomputed with the space kept
+    norm = [float(np.argmin([s.nll / len(c) for s, c in zip(sc, it.choices)]) == it.gold)
+            for it, sc in zip(items, scores)]
+    assert res["results"]["rltok_piqa_local"]["acc_norm,none"] == pytest.approx(np.mean(norm))
+    # the results name the weights scored
+    assert res["config"]["rltok_checkpoint"] == "model.safetensors" and res["config"]["rltok_finished"] is True

@@ -86,7 +86,7 @@ def run(args) -> int:
         st = boundary_stats(m, docs, ref_tok, dtype=args.dtype or cfg.train.dtype,
                             progress=name if progress else False, **kw)
         stats[name] = st
-        result["runs"][name] = {"method": cfg.method, "data": where, **st.to_dict()}
+        result["runs"][name] = {"method": cfg.method, **m.weights, "data": where, **st.to_dict()}
     if args.udhr:
         langs = args.langs.split(",") if args.langs else None
         texts = read_udhr(args.udhr, langs)

@@ -38,7 +38,7 @@ def run(args) -> int:
 
     from ..analysis import segment_docs
     from ..errors import RltokError
-    from ..run import load_model
+    from ..run import describe_weights, load_model
     from ..text import printable, to_bytes
     from ..viz import render_html, render_png, render_terminal
 
@@ -63,9 +63,11 @@ def run(args) -> int:
     probs = np.concatenate([r.probs if r.probs is not None else r.boundaries.astype(float) for r in res])
     b[-1] = True
     n_chunks = int(b.sum())
-    title = f"{Path(args.run).name} ({cfg.method})"
+    w = model.weights
+    title = f"{Path(args.run).name} ({cfg.method}, {w['checkpoint']}{'' if w['finished'] else ', unfinished run'})"
     info = (f"{len(data)} bytes, {n_chunks} chunks, {len(data) / n_chunks:.2f} bytes/chunk; "
-            f"{'greedy' if args.greedy else f'sampled (seed {args.seed})'} boundaries")
+            f"{'greedy' if args.greedy else f'sampled (seed {args.seed})'} boundaries; "
+            f"weights {describe_weights(model)}")
     wrote = []
     if args.html:
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)

@@ -12,13 +12,24 @@ def register(sub) -> None:
         "eval", help="bits-per-byte and boundary statistics on held-out documents",
         description="Score held-out documents of a data source (by default the run's own "
                     "validation split) with a trained run: mean per-document bits-per-byte with its "
-                    "standard error, corpus bits-per-byte, boundary rate and whitespace recall/precision.",
+                    "standard error, corpus bits-per-byte, boundary rate and whitespace recall/precision. "
+                    "By default each document is scored as BOS + its first seq_len bytes, as the "
+                    "paper does (the rest of a longer document is not scored); --whole scores every "
+                    "byte. The weights used (final, or the newest checkpoint of an unfinished run) are "
+                    "named in the output.",
         formatter_class=HelpFormatter)
     p.add_argument("run", help="run directory")
     p.add_argument("--data", default=None, help="data source (default: the run's training source)")
     p.add_argument("--split", default="val", choices=["val", "test", "train", "all"],
                    help="which split of the source, split exactly as in training")
     p.add_argument("--docs", type=positive_int, default=None, help="score the first N documents of the split")
+    p.add_argument("--whole", action="store_true",
+                   help="score whole documents, not only their first seq_len bytes: each document is "
+                        "cut into windows of seq_len bytes that score every byte once (see --stride)")
+    p.add_argument("--stride", type=positive_int, default=None,
+                   help="with --whole: bytes between window starts (default seq_len: consecutive "
+                        "windows; smaller: overlapping windows, each scored byte with at least "
+                        "seq_len - stride bytes of context)")
     p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the evaluation boundary samples")
@@ -40,10 +51,16 @@ def run(args) -> int:
     from ..data import load_splits
     from ..data.corpus import Corpus
     from ..evaluate import evaluate_corpus
-    from ..run import load_model
+    from ..config import RATE_TARGETED
+    from ..errors import RltokError
+    from ..run import describe_weights, load_model
 
     model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
     cfg = model.run_config
+    if args.stride is not None and not args.whole:
+        raise RltokError("--stride needs --whole")
+    if args.stride is not None and args.stride > cfg.model.seq_len:
+        raise RltokError(f"--stride {args.stride} is longer than the model's context (seq_len {cfg.model.seq_len})")
     if args.data is not None:
         cfg.data.source = args.data
     if args.split == "all":
@@ -54,9 +71,14 @@ def run(args) -> int:
         corpus = getattr(load_splits(cfg), args.split)
     res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
                           mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
-                          seed=args.seed, dtype=args.dtype or cfg.train.dtype)
-    d = {"run": str(args.run), "method": cfg.method, "data": cfg.data.source, "split": args.split,
-         **res.to_dict(per_doc=args.per_doc)}
+                          seed=args.seed, dtype=args.dtype or cfg.train.dtype, whole=args.whole,
+                          stride=args.stride)
+    d = {"run": str(args.run), "method": cfg.method, **model.weights, "data": cfg.data.source,
+         "split": args.split, **res.to_dict(per_doc=args.per_doc)}
+    target = cfg.boundary.target_rate if cfg.method in RATE_TARGETED else None
+    off_target = target is not None and abs(res.rate - target) > 0.02  # False for a nan rate
+    if target is not None:
+        d["target_rate"] = target
     other = None
     if args.against is not None:
         from ..evaluate import paired_difference
@@ -65,16 +87,21 @@ def run(args) -> int:
         other = evaluate_corpus(model2, corpus, model2.run_config.model.seq_len, docs=args.docs,
                                 samples=args.samples, mode="greedy" if args.greedy else "sample",
                                 batch_size=args.batch_size, seed=args.seed,
-                                dtype=args.dtype or model2.run_config.train.dtype)
-        d["against"] = {"run": str(args.against), "method": model2.run_config.method,
+                                dtype=args.dtype or model2.run_config.train.dtype, whole=args.whole,
+                                stride=args.stride)
+        d["against"] = {"run": str(args.against), "method": model2.run_config.method, **model2.weights,
                         **other.to_dict(per_doc=args.per_doc),
                         "paired": paired_difference(res.per_doc_bpb, other.per_doc_bpb)}
     if args.json:
         print(json.dumps(d))
     else:
-        print(f"{args.run} ({cfg.method}) on {cfg.data.source} [{args.split}]: {res.docs} documents, {res.bytes:,} bytes")
+        scope = "whole documents" if args.whole else f"first {cfg.model.seq_len} bytes of each document"
+        print(f"{args.run} ({cfg.method}) on {cfg.data.source} [{args.split}]: {res.docs} documents, "
+              f"{res.bytes:,} bytes ({scope})")
+        print(f"  weights       {describe_weights(model)}")
         print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
-        print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))")
+        print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))"
+              + (f"; target {target}: off by {res.rate - target:+.3f}" if off_target else ""))
         print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}"
               f"  (word-start recall {res.word_start_recall:.3f})")
         if other is not None:

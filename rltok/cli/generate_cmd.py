@@ -51,7 +51,7 @@ def _prompts(args) -> list[str]:
 
 def run(args) -> int:
     from ..generate import _check_args, generate
-    from ..run import load_model
+    from ..run import describe_weights, load_model
     from ..text import printable, to_bytes
 
     prompts = _prompts(args)
@@ -59,6 +59,9 @@ def run(args) -> int:
 
     apply_threads(args)
     model = load_model(args.run, device=args.device, checkpoint=args.checkpoint)
+    if not model.weights["finished"] or args.checkpoint:
+        # stderr, so that piped text stays the generated text alone
+        print(f"rltok: generating with {describe_weights(model)}", file=sys.stderr)
     out = sys.stdout
     streaming = len(prompts) == 1 and not args.json
 

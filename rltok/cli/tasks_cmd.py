@@ -48,7 +48,7 @@ def register(sub) -> None:
 def run(args) -> int:
     apply_threads(args)
     from ..errors import RltokError
-    from ..run import load_model
+    from ..run import describe_weights, load_model
     from ..tasks import evaluate_tasks, load_task
     from ..tasks.evaluate import format_table
     from ..tasks.formats import canonical_task
@@ -67,6 +67,7 @@ def run(args) -> int:
                               progress=not args.no_progress)  # tqdm writes to stderr, JSON to stdout
 
     cfg = model.run_config
+    weights, weights_line = model.weights, describe_weights(model)
     results = score(model)
     seq_len = cfg.model.seq_len
     against = None
@@ -76,13 +77,13 @@ def run(args) -> int:
         del model  # one model in memory at a time
         model2 = load_model(args.against, device=args.device)
         others = score(model2)
-        against = {"run": str(args.against), "method": model2.run_config.method, "tasks": {}}
+        against = {"run": str(args.against), "method": model2.run_config.method, **model2.weights, "tasks": {}}
         for r, o in zip(results, others):
             d = o.to_dict(per_item=args.per_item)
             d["paired"] = paired_difference([x["bpb"] for x in r.per_item], [x["bpb"] for x in o.per_item])
             against["tasks"][r.task] = d
     if args.json:
-        out = {"run": str(args.run), "method": cfg.method, "seq_len": seq_len,
+        out = {"run": str(args.run), "method": cfg.method, **weights, "seq_len": seq_len,
                "samples": args.samples, "seed": args.seed,
                "boundaries": "greedy" if args.greedy_boundaries else "sample",
                "tasks": {r.task: r.to_dict(per_item=args.per_item) for r in results}}
@@ -91,7 +92,7 @@ def run(args) -> int:
         print(json.dumps(out))
         return 0
     print(f"{args.run} ({cfg.method}), 0-shot, {args.samples} boundary sample(s), seed {args.seed}, "
-          f"window {seq_len} bytes")
+          f"window {seq_len} bytes; weights {weights_line}")
     print(format_table(results))
     for r in results:
         print(f"  {r.task}: {r.source}")

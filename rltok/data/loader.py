@@ -130,3 +130,47 @@ def document_batches(corpus: Corpus, seq_len: int, batch_size: int, max_docs: in
             tgt[r, :L] = d
         yield idx, Batch(ids=torch.from_numpy(ids), targets=torch.from_numpy(tgt),
                          noise=torch.zeros(len(idx), S), index=torch.from_numpy(idx))
+
+
+def window_starts(n: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
+    """The windows that score every byte of an n-byte document exactly once: (start, scored_from)
+    pairs. Window j covers target bytes [start, start + seq_len) and scores those from
+    ``scored_from`` on, so every scored byte after the first window has at least
+    seq_len - stride bytes of context. stride = seq_len: consecutive non-overlapping windows."""
+    if n <= seq_len:
+        return [(0, 0)]
+    out, end = [(0, 0)], seq_len
+    while end < n:
+        start = min(end + stride - seq_len, n - seq_len)
+        out.append((start, end))
+        end = start + seq_len
+    return out
+
+
+def document_windows(corpus: Corpus, seq_len: int, batch_size: int, max_docs: int | None = None,
+                     stride: int | None = None):
+    """Evaluation batches that score whole documents: each document cut into the windows of
+    ``window_starts``. The first window is BOS + the document's start, as in ``document_batches``;
+    a later window's first input is the byte before it (as in stream-packed training, where
+    sequences start mid-document). Targets outside a window's scored part are -1.
+
+    Yields (per-row document index, per-row window number, Batch)."""
+    stride = seq_len if stride is None else stride
+    n = len(corpus) if max_docs is None else min(max_docs, len(corpus))
+    rows = [(i, w, s, f) for i in range(n)
+            for w, (s, f) in enumerate(window_starts(len(corpus.doc(i)), seq_len, stride))]
+    for lo in range(0, len(rows), batch_size):
+        chunk = rows[lo:lo + batch_size]
+        S = max(1, max(min(len(corpus.doc(i)) - s, seq_len) for i, _, s, _ in chunk))
+        ids = np.full((len(chunk), S), PAD, dtype=np.int64)
+        tgt = np.full((len(chunk), S), -1, dtype=np.int64)
+        for r, (i, _, s, f) in enumerate(chunk):
+            d = corpus.doc(i)
+            L = min(len(d) - s, seq_len)
+            ids[r, 0] = BOS if s == 0 else d[s - 1]
+            ids[r, 1:L] = d[s:s + L - 1]
+            tgt[r, f - s:L] = d[f:s + L]
+        doc = np.array([c[0] for c in chunk], dtype=np.int64)
+        yield doc, np.array([c[1] for c in chunk], dtype=np.int64), Batch(
+            ids=torch.from_numpy(ids), targets=torch.from_numpy(tgt),
+            noise=torch.zeros(len(chunk), S), index=torch.from_numpy(doc))

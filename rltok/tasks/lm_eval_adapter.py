@@ -77,6 +77,15 @@ class RltokLM(LM):
         self._device = next(model.parameters()).device
         self.seq_len = model_seq_len(model)
 
+    def get_model_info(self) -> dict:
+        """lm-eval copies this into its results' ``config``: which weights were scored."""
+        cfg = getattr(self.model, "run_config", None)
+        w = getattr(self.model, "weights", None) or {}
+        return {"rltok_method": cfg.method if cfg is not None else None,
+                "rltok_run": str(getattr(self.model, "run_dir", "")) or None,
+                "rltok_checkpoint": w.get("checkpoint"), "rltok_step": w.get("step"),
+                "rltok_finished": w.get("finished")}
+
     def _score(self, reqs: list[Request], progress: bool = False):
         return score_requests(self.model, reqs, samples=self.samples, seed=self.seed, mode=self.mode,
                               batch_size=self.batch_size, dtype=self.dtype, progress=progress)

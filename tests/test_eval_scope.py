@@ -1,0 +1,139 @@
+"""What an evaluation scores and with which weights: whole-document windows (hand-worked), and
+every output naming the checkpoint used and whether the run finished."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from rltok.cli import main
+from rltok.config import BOS, PAD
+from rltok.data.corpus import Corpus
+from rltok.data.loader import document_windows, window_starts
+from rltok.evaluate import evaluate_corpus
+from rltok.run import load_model
+
+
+def test_window_starts_hand_worked():
+    # 10 bytes, windows of 4: [0,4) all, [4,8) all, [6,10) scoring 8 and 9
+    assert window_starts(10, 4, 4) == [(0, 0), (4, 4), (6, 8)]
+    # stride 2: each later window scores 2 new bytes after at least 2 of context
+    assert window_starts(10, 4, 2) == [(0, 0), (2, 4), (4, 6), (6, 8)]
+    assert window_starts(4, 4, 1) == [(0, 0)] and window_starts(3, 4, 4) == [(0, 0)]
+    assert window_starts(5, 4, 1) == [(0, 0), (1, 4)]
+
+
+@pytest.mark.parametrize("n,S,stride", [(10, 4, 4), (10, 4, 2), (37, 8, 3), (8, 8, 8), (9, 8, 1), (3, 8, 8)])
+def test_windows_score_every_byte_once_after_its_true_prefix(n, S, stride):
+    doc = np.arange(1, n + 1, dtype=np.uint8) * 7
+    corpus = Corpus.from_docs([bytes(doc)])
+    scored = np.zeros(n, dtype=int)
+    for docs, wins, b in document_windows(corpus, S, batch_size=3, stride=stride):
+        for r in range(len(docs)):
+            s = window_starts(n, S, stride)[wins[r]][0]
+            for t in range(b.ids.shape[1]):
+                if b.targets[r, t] < 0:
+                    continue
+                pos = s + t  # target byte position in the document
+                scored[pos] += 1
+                assert b.targets[r, t] == doc[pos]
+                # the inputs before it are the document's bytes before it (BOS at the start)
+                want = [BOS] + list(doc[:pos]) if s == 0 else list(doc[s - 1:pos])
+                assert b.ids[r, : t + 1].tolist() == want[-(t + 1):]
+                if s > 0:  # a later window keeps at least seq_len - stride bytes of context
+                    assert t >= S - stride
+            L = min(n - s, S)
+            assert (b.ids[r, L:] == PAD).all() and (b.ids[r, :L] != PAD).all()
+    assert scored.tolist() == [1] * n
+
+
+def test_whole_agrees_with_first_on_documents_that_fit(smoke_runs, one_thread):
+    model = load_model(smoke_runs["rl"])
+    S = model.run_config.model.seq_len
+    rng = np.random.default_rng(0)
+    docs = [bytes(rng.integers(32, 127, size=int(k)).astype(np.uint8)) for k in (5, S, 17, S - 1)]
+    corpus = Corpus.from_docs(docs)
+    a = evaluate_corpus(model, corpus, S, dtype="fp32", batch_size=3)
+    b = evaluate_corpus(model, corpus, S, dtype="fp32", batch_size=2, whole=True, stride=S // 2)
+    assert a.per_doc_bpb == pytest.approx(b.per_doc_bpb, abs=1e-5)
+    assert a.rate == pytest.approx(b.rate) and a.bytes == b.bytes
+    assert a.scoring == "first" and b.scoring == f"whole:{S // 2}"
+
+
+def test_whole_scores_all_bytes_of_long_documents(smoke_runs, one_thread):
+    model = load_model(smoke_runs["rl"])
+    S = model.run_config.model.seq_len
+    docs = [b"The city council met on Tuesday. " * 9, b"short one"]
+    corpus = Corpus.from_docs(docs)
+    first = evaluate_corpus(model, corpus, S, dtype="fp32")
+    whole = evaluate_corpus(model, corpus, S, dtype="fp32", whole=True)
+    assert first.bytes == S + 9 and whole.bytes == sum(map(len, docs))
+    # the short document is scored the same either way; the long one differs
+    assert whole.per_doc_bpb[1] == pytest.approx(first.per_doc_bpb[1], abs=1e-5)
+    # a causal byte model's total bits over the whole document split into windows: the first
+    # window's bits are those of the first-S scoring
+    tot_first = first.per_doc_bpb[0] * S
+    tot_whole = whole.per_doc_bpb[0] * len(docs[0])
+    assert tot_whole > tot_first
+
+
+@pytest.fixture
+def unfinished(smoke_runs, tmp_path):
+    """A copy of a finished smoke run as it looks after Ctrl-C: checkpoints, no final weights."""
+    run = tmp_path / "stopped"
+    shutil.copytree(smoke_runs["rl"], run)
+    (run / "model.safetensors").unlink()
+    (run / "summary.json").unlink()
+    ckpts = sorted((run / "checkpoints").glob("step_*"))
+    assert ckpts, "the smoke run keeps a checkpoint"
+    return run, ckpts[-1].name
+
+
+def test_load_names_the_weights(smoke_runs, unfinished):
+    m = load_model(smoke_runs["rl"])
+    assert m.weights == {"checkpoint": "model.safetensors", "step": 8, "finished": True}
+    run, ck = unfinished
+    m = load_model(run)
+    assert m.weights == {"checkpoint": f"checkpoints/{ck}", "step": int(ck[5:]), "finished": False}
+    m = load_model(smoke_runs["rl"], checkpoint=ck)
+    assert m.weights["checkpoint"] == f"checkpoints/{ck}" and m.weights["finished"] is True
+
+
+def test_eval_names_the_checkpoint(unfinished, capsys, one_thread):
+    run, ck = unfinished
+    assert main(["eval", str(run), "--docs", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["checkpoint"] == f"checkpoints/{ck}" and d["finished"] is False and d["step"] == int(ck[5:])
+    assert d["scoring"] == "first"
+    assert main(["eval", str(run), "--docs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoints/{ck}" in out and "has not finished" in out and "first 64 bytes" in out
+
+
+def test_eval_stride_needs_whole(smoke_runs, capsys):
+    assert main(["eval", str(smoke_runs["rl"]), "--stride", "8"]) == 2
+    assert "--stride needs --whole" in capsys.readouterr().err
+    assert main(["eval", str(smoke_runs["rl"]), "--whole", "--stride", "1000"]) == 2
+    assert "longer than the model's context" in capsys.readouterr().err
+
+
+def test_boundaries_tasks_generate_name_the_checkpoint(unfinished, tmp_path, capsys, one_thread):
+    run, ck = unfinished
+    html = tmp_path / "b.html"
+    assert main(["boundaries", str(run), "--text", "The city council met.", "--html", str(html)]) == 0
+    page = html.read_text()
+    assert f"checkpoints/{ck}" in page and "unfinished run" in page
+    capsys.readouterr()
+    assert main(["generate", str(run), "--prompt", "The", "--max-bytes", "4", "--seed", "1"]) == 0
+    assert f"checkpoints/{ck}" in capsys.readouterr().err
+
+
+def test_lm_eval_metadata_names_the_checkpoint(unfinished):
+    pytest.importorskip("lm_eval")
+    from rltok.tasks.lm_eval_adapter import RltokLM
+
+    run, ck = unfinished
+    info = RltokLM(path=str(run)).get_model_info()
+    assert info["rltok_checkpoint"] == f"checkpoints/{ck}" and info["rltok_finished"] is False
