@@ -227,15 +227,22 @@ def test_aggregate_hand_worked():
         return RequestScore(nll=nll, n_bytes=n, greedy=greedy, truncated=trunc)
 
     items = [TaskItem("piqa", "0", "c", [" a", " bbbb"], 0), TaskItem("piqa", "1", "c", [" a", " bbbb"], 1)]
-    # item 0: gold nll 2 (2 bytes) vs 3 (5 bytes): acc 1, per byte 1.0 vs 0.6 -> acc_norm 0
-    # item 1: gold nll 4 (5 bytes) vs 1 (2 bytes): acc 0, per byte 0.8 vs 0.5 -> acc_norm 0
+    # item 0: gold nll 2 (2 bytes) vs 3 (5 bytes): acc 1, per byte 1.0 vs 0.6 -> acc_bytes 0
+    # item 1: gold nll 4 (5 bytes) vs 1 (2 bytes): acc 0, per byte 0.8 vs 0.5 -> acc_bytes 0
     res = aggregate("piqa", items, [[s(2, 2), s(3, 5)], [s(1, 2), s(4, 5, trunc=True)]])
-    assert res.acc == 0.5 and res.acc_norm == 0.0 and res.truncated == 1 and res.target_bytes == 7
+    assert res.acc == 0.5 and res.acc_bytes == 0.0 and res.truncated == 1 and res.target_bytes == 7
+    # lm-eval's acc_norm divides by the choice's characters without the delimiter: item 0 2/1 vs
+    # 3/4 -> choice 1 (wrong); item 1 1/1 vs 4/4 -> a tie, argmin takes choice 0 (wrong)
+    assert res.acc_norm == 0.0
+    # where the two normalisations disagree: nll 1.5 for " a" vs 5.5 for " bbbb" (gold):
+    # per byte 0.75 vs 1.1 -> choice 0; per character 1.5 vs 1.375 -> choice 1 (gold)
+    one = aggregate("piqa", items[1:], [[s(1.5, 2), s(5.5, 5)]])
+    assert one.acc_norm == 1.0 and one.acc_bytes == 0.0
     b = [2 / (2 * math.log(2)), 4 / (5 * math.log(2))]
     assert res.bpb == pytest.approx(np.mean(b)) and res.bpb_se == pytest.approx(np.std(b, ddof=1) / math.sqrt(2))
     lam = [TaskItem("lambada", str(i), "c", [" w"], 0) for i in range(4)]
     r = aggregate("lambada", lam, [[s(1, 2, g)] for g in (1.0, 0.0, 1.0, 1.0)])
-    assert r.acc == 0.75 and r.acc_norm is None
+    assert r.acc == 0.75 and r.acc_norm is None and r.acc_bytes is None
 
 
 def test_gold_only_scores_only_gold(smoke_runs):

@@ -6,9 +6,11 @@ Per task (spec section 6):
   ``-log p(target) / (ln 2 * utf8_bytes(target))``, mean over items ± standard error (the paper's
   v2 metric; LAMBADA's target is the last word with its leading space).
 * ``acc``: the choice with the lowest total NLL is the gold one (lm-eval ``acc``).
-* ``acc_norm``: the choice with the lowest NLL per byte is the gold one. lm-eval's ``acc_norm``
-  divides by the choice's length in characters (without the delimiter); per byte is the natural
-  unit of a byte model and equals it on ASCII up to the delimiter.
+* ``acc_norm``: lm-eval's: the choice with the lowest NLL per character of the choice (its length
+  in characters without the leading delimiter) is the gold one.
+* ``acc_bytes``: rltok's: the lowest NLL per byte of the scored continuation (delimiter included),
+  the natural unit of a byte model. It differs from ``acc_norm`` by the delimiter and on non-ASCII
+  text, so it has its own name.
 * LAMBADA: ``acc`` is lm-eval's lambada_openai ``acc``: every byte of the target word is the
   model's argmax given the true prefix. ``greedy_acc`` decodes greedily with ``rltok.generate``
   and needs the word to come out followed by a non-letter; it is reported as missing when this
@@ -40,7 +42,8 @@ class TaskResult:
     bpb: float
     bpb_se: float
     acc: float | None
-    acc_norm: float | None
+    acc_norm: float | None  # lm-eval's: NLL per character of the choice
+    acc_bytes: float | None  # rltok's: NLL per byte of the continuation
     greedy_acc: float | str | None  # LAMBADA only: a number, or why it is missing
     truncated: int  # items whose context was left-truncated to the model's window
     target_bytes: int
@@ -67,7 +70,7 @@ def aggregate(task: str, items: Sequence[TaskItem], scores: Sequence[Sequence[Re
               samples: int = 1, source: str = "") -> TaskResult:
     """Metrics from per-choice scores (``scores[i][j]`` for choice j of item i; None where a
     choice was not scored)."""
-    bpb, acc, acc_norm, greedy, per = [], [], [], [], []
+    bpb, acc, acc_norm, acc_bytes, greedy, per = [], [], [], [], [], []
     trunc, tbytes = 0, 0
     for it, sc in zip(items, scores):
         g = sc[it.gold]
@@ -78,9 +81,12 @@ def aggregate(task: str, items: Sequence[TaskItem], scores: Sequence[Sequence[Re
         if all(s is not None for s in sc) and len(sc) > 1:
             nll = np.array([s.nll for s in sc])
             per_byte = np.array([s.nll / max(1, s.n_bytes) for s in sc])
+            per_char = np.array([s.nll / max(1, len(_without_delimiter(c))) for s, c in zip(sc, it.choices)])
             acc.append(float(np.argmin(nll) == it.gold))
-            acc_norm.append(float(np.argmin(per_byte) == it.gold))
-            rec.update(nll=nll.tolist(), pred=int(np.argmin(nll)), pred_norm=int(np.argmin(per_byte)))
+            acc_norm.append(float(np.argmin(per_char) == it.gold))
+            acc_bytes.append(float(np.argmin(per_byte) == it.gold))
+            rec.update(nll=nll.tolist(), pred=int(np.argmin(nll)), pred_norm=int(np.argmin(per_char)),
+                       pred_bytes=int(np.argmin(per_byte)))
         if len(sc) == 1:
             greedy.append(g.greedy)
             rec["greedy"] = g.greedy
@@ -91,8 +97,14 @@ def aggregate(task: str, items: Sequence[TaskItem], scores: Sequence[Sequence[Re
         task=task, items=len(items), bpb=m, bpb_se=se,
         acc=(float(np.mean(greedy)) if single and greedy else float(np.mean(acc)) if acc else None),
         acc_norm=float(np.mean(acc_norm)) if acc_norm else None,
+        acc_bytes=float(np.mean(acc_bytes)) if acc_bytes else None,
         greedy_acc=None, truncated=trunc, target_bytes=tbytes, samples=samples, source=source,
         per_item=per)
+
+
+def _without_delimiter(choice: str) -> str:
+    # lm-eval's target_delimiter " " is not part of the choice whose length acc_norm divides by
+    return choice[1:] if choice.startswith(" ") else choice
 
 
 def score_items(model: nn.Module, items: Sequence[TaskItem], *, gold_only: bool = False,
@@ -165,11 +177,11 @@ def format_table(results: Sequence[TaskResult]) -> str:
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}"
 
-    lines = [f"{'task':<10} {'items':>6}  {'target bpb':>17}  {'acc':>5}  {'acc_norm':>8}  {'greedy':>6}  {'truncated':>9}",
-             "-" * 75]
+    lines = [f"{'task':<10} {'items':>6}  {'target bpb':>17}  {'acc':>5}  {'acc_norm':>8}  {'acc_bytes':>9}  "
+             f"{'greedy':>6}  {'truncated':>9}", "-" * 86]
     for r in results:
         g = r.greedy_acc
         gs = pct(g) if isinstance(g, float) else ("-" if g is None else "n/a")
         lines.append(f"{r.task:<10} {r.items:>6}  {r.bpb:>8.4f} ± {r.bpb_se:<6.4f}  {pct(r.acc):>5}  "
-                     f"{pct(r.acc_norm):>8}  {gs:>6}  {r.truncated:>9}")
+                     f"{pct(r.acc_norm):>8}  {pct(r.acc_bytes):>9}  {gs:>6}  {r.truncated:>9}")
     return "\n".join(lines)
