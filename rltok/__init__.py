@@ -13,13 +13,17 @@ from __future__ import annotations
 
 from .version import __version__
 
-__all__ = ["load", "score", "segment", "__version__"]
+__all__ = ["load", "from_pretrained", "score", "segment", "encode", "encode_batch", "Encoding", "__version__"]
 
 
 def __getattr__(name: str):
     # imported lazily so that `rltok --help` does not pay for importing torch
-    if name in ("load", "score", "segment"):
+    if name in ("load", "score", "segment", "encode", "encode_batch", "Encoding"):
         from . import api
 
         return getattr(api, name)
+    if name == "from_pretrained":
+        from .hub import from_pretrained
+
+        return from_pretrained
     raise AttributeError(name)

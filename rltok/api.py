@@ -7,6 +7,9 @@
     >>> res.boundaries[0]      # True where byte i ends a chunk
     >>> rltok.segment(model, "The city council met on Tuesday.")
     ['The ', 'city ', 'council ', 'met ', 'on ', 'Tuesday.']
+    >>> enc = rltok.encode(model, "The city council met on Tuesday.")
+    >>> enc.offsets            # byte offsets of the chunks, like an HF tokenizers Encoding
+    [(0, 4), (4, 9), (9, 17), (17, 21), (21, 24), (24, 32)]
 
 Texts are scored as BOS + their bytes, truncated to the model's context (``seq_len`` bytes).
 """
@@ -122,31 +125,124 @@ def chunks_of(data: bytes, boundaries: np.ndarray) -> list[bytes]:
     return out
 
 
+@dataclass
+class Encoding:
+    """The chunks a model draws on one text, in the manner of an HF ``tokenizers`` Encoding.
+
+    ``boundaries[i]`` is True where byte i ends a chunk (the last byte always does);
+    ``offsets`` are (start, end) byte offsets of the chunks; ``chunks`` their bytes; ``strings``
+    their text (a boundary inside a multi-byte character moves to that character's end, so
+    strings are whole characters); ``char_offsets`` the same as character offsets into the str
+    given (None for bytes input)."""
+
+    text: str | bytes
+    data: bytes
+    boundaries: np.ndarray
+
+    @property
+    def offsets(self) -> list[tuple[int, int]]:
+        ends = np.flatnonzero(self.boundaries) + 1
+        starts = np.concatenate([[0], ends[:-1]])
+        return [(int(a), int(b)) for a, b in zip(starts, ends)]
+
+    @property
+    def chunks(self) -> list[bytes]:
+        return [self.data[a:b] for a, b in self.offsets]
+
+    @property
+    def strings(self) -> list[str]:
+        if isinstance(self.text, bytes):
+            return [c.decode("utf-8", errors="replace") for c in self.chunks]
+        return [self.data[a:b].decode("utf-8", errors="replace") for a, b in _whole_characters(self.data, self.offsets)]
+
+    @property
+    def char_offsets(self) -> list[tuple[int, int]] | None:
+        if isinstance(self.text, bytes):
+            return None
+        out, pos = [], 0
+        for a, b in _whole_characters(self.data, self.offsets):
+            n = len(self.data[a:b].decode("utf-8", errors="replace"))
+            out.append((pos, pos + n))
+            pos += n
+        return out
+
+    def __len__(self) -> int:
+        return int(self.boundaries.sum())
+
+
+def _whole_characters(data: bytes, offsets: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Byte offsets with every boundary that falls inside a UTF-8 character moved to its end
+    (chunks that become empty are dropped)."""
+    out, start = [], 0
+    for _, end in offsets:
+        while end < len(data) and data[end] & 0xC0 == 0x80:  # a continuation byte follows
+            end += 1
+        if end > start:
+            out.append((start, end))
+            start = end
+    return out
+
+
+@torch.no_grad()
+def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = "greedy", seed: int = 0,
+                 dtype: str = "fp32", batch_size: int = 8) -> list[Encoding]:
+    """The chunks of each text. ``mode``: ``greedy`` (boundary where its probability > 0.5) or
+    ``sample`` (drawn as in training, from ``seed``). Every byte of a text is an input (BOS +
+    the text), so the boundary after its last byte is the forced end of the sequence. A text
+    longer than the model's context is cut into windows of ``seq_len`` bytes overlapping by half
+    (``data.loader.window_starts``); a byte's boundary comes from a window where it has at least
+    a quarter of a window of context before it and is not the window's forced end."""
+    from .data.corpus import Corpus
+    from .data.loader import document_windows, window_starts
+
+    raw = [_as_bytes(t) for t in texts]
+    if any(not r for r in raw):
+        raise ValueError("encode: a text is empty")
+    seq_len = model.run_config.model.seq_len if hasattr(model, "run_config") else model.cfg.seq_len
+    if seq_len < 8:
+        raise ValueError(f"encode needs a context of at least 8 bytes (seq_len {seq_len})")
+    stride = seq_len // 2
+    # one placeholder target after each text makes its last byte an input; it is never read
+    docs_in = [r + b"\0" for r in raw]
+    plans = [window_starts(len(d), seq_len, stride) for d in docs_in]
+    device = next(model.parameters()).device
+    bounds = [np.zeros(len(r), dtype=bool) for r in raw]
+    was = model.training
+    model.eval()
+    try:
+        for docs, wins, batch in document_windows(Corpus.from_docs(docs_in), seq_len, batch_size, stride=stride):
+            noise = eval_noise(seed, 0, docs, batch.ids.shape[1], wins).to(device)
+            with autocast_for(device, dtype):
+                out = score_batch(model, batch.to(device), noise=noise, mode=mode)
+            if out.boundaries is None:
+                raise ValueError("this model has no chunk boundaries")
+            b = out.boundaries.cpu().numpy()
+            for r, (d, w) in enumerate(zip(docs, wins)):
+                lo, hi = _window_bytes(plans[d], int(w), len(raw[d]))
+                s = plans[d][w][0]
+                bounds[d][lo:hi] = b[r, lo - s + 1:hi - s + 1]  # byte j is the input at j - s + 1
+    finally:
+        model.train(was)
+    return [Encoding(text=t, data=r, boundaries=bd) for t, r, bd in zip(texts, raw, bounds)]
+
+
+def _window_bytes(plan: list[tuple[int, int]], w: int, n: int) -> tuple[int, int]:
+    """The bytes [lo, hi) of an n-byte text whose boundaries window w of ``plan`` (over the text
+    and one placeholder byte) gives: from two bytes before its first scored target (never its
+    first, context-free, input) to just before the next window's share, which excludes this
+    window's forced end; the last window runs to the text's end."""
+    lo = 0 if w == 0 else plan[w][1] - 2
+    hi = n if w == len(plan) - 1 else plan[w + 1][1] - 2
+    return lo, hi
+
+
+def encode(model: nn.Module, text: str | bytes, **kw) -> Encoding:
+    """The chunks of one text (see ``encode_batch``)."""
+    return encode_batch(model, [text], **kw)[0]
+
+
 def segment(model: nn.Module, text: str | bytes, *, mode: str = "greedy", seed: int = 0) -> list:
     """The chunks ("tokens") a model draws on a text: bytes in, bytes out; str in, str out (a
     boundary inside a multi-byte character is shown at the end of that character)."""
-    res = score(model, text, mode=mode, seed=seed)
-    if res.boundaries is None:
-        raise ValueError("this model has no chunk boundaries")
-    data = res.texts[0][: len(res.boundaries[0])]
-    pieces = chunks_of(data, res.boundaries[0])
-    if isinstance(text, bytes):
-        return pieces
-    out, carry = [], b""
-    for p in pieces:
-        p = carry + p
-        # hold back an incomplete trailing UTF-8 sequence so characters stay whole
-        cut = len(p)
-        for k in range(1, min(4, len(p)) + 1):
-            c = p[-k]
-            if c & 0xC0 != 0x80:  # lead byte (or ASCII)
-                need = 1 if c < 0x80 else 2 if c >> 5 == 0b110 else 3 if c >> 4 == 0b1110 else 4 if c >> 3 == 0b11110 else 1
-                if need > k:
-                    cut = len(p) - k
-                break
-        carry = p[cut:]
-        if cut:
-            out.append(p[:cut].decode("utf-8", errors="replace"))
-    if carry:
-        out.append(carry.decode("utf-8", errors="replace"))
-    return out
+    enc = encode(model, text, mode=mode, seed=seed)
+    return enc.chunks if isinstance(text, bytes) else enc.strings

@@ -55,3 +55,65 @@ def test_segment_roundtrips_the_text(run_dir):
 
 def test_chunks_of():
     assert chunks_of(b"abcdef", np.array([0, 1, 0, 0, 1, 0])) == [b"ab", b"cde", b"f"]
+
+
+# -- encode: the tokenizer-like API ----------------------------------------------------------------
+
+def test_encoding_hand_worked():
+    from rltok.api import Encoding
+
+    text = "hé ab"  # bytes: h, 0xC3, 0xA9, ' ', a, b
+    data = text.encode()
+    # a boundary after 0xC3 (inside é) and after ' '; the last byte always ends a chunk
+    enc = Encoding(text=text, data=data, boundaries=np.array([0, 1, 0, 1, 0, 1], dtype=bool))
+    assert enc.offsets == [(0, 2), (2, 4), (4, 6)] and len(enc) == 3
+    assert enc.chunks == [b"h\xc3", b"\xa9 ", b"ab"]
+    assert enc.strings == ["hé", " ", "ab"]  # the split character is kept whole
+    assert enc.char_offsets == [(0, 2), (2, 3), (3, 5)]
+    assert "".join(text[a:b] for a, b in enc.char_offsets) == text
+    raw = Encoding(text=data, data=data, boundaries=enc.boundaries)
+    assert raw.char_offsets is None and raw.strings[0] == "h\ufffd"
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample"])
+def test_encode_is_score_with_every_byte_an_input(run_dir, mode):
+    model = rltok.load(run_dir)
+    texts = ["The quick brown fox.", "jumps over"]
+    encs = rltok.encode_batch(model, texts, mode=mode, seed=4)
+    # score() predicts the text's bytes, so its last byte is no input: add one placeholder byte
+    res = rltok.score(model, [t + "\0" for t in texts], mode=mode, seed=4)
+    for t, e, b in zip(texts, encs, res.boundaries):
+        n = len(t.encode())
+        assert e.boundaries.tolist() == b[:n].tolist() and e.boundaries[-1]
+        assert b"".join(e.chunks) == t.encode()
+
+
+def test_encode_long_text_windows_give_every_byte_its_own_boundary():
+    """A rule-based method makes every boundary known: across the overlapping windows of a text
+    8x the context, each byte's boundary must be the rule's (an index error shifts or drops
+    them), with the text's last byte ending a chunk."""
+    from rltok.run import build_model
+
+    cfg = build_config("whitespace", "smoke", overrides={"boundary.rule": "ascii"})
+    model = build_model(cfg).eval()
+    model.run_config = cfg
+    rng = np.random.default_rng(1)
+    words = ["a", "bb", "ccc", "dddd", "eeeee"]
+    text = " ".join(rng.choice(words, size=200))
+    S = cfg.model.seq_len
+    assert len(text) > 8 * S
+    enc = rltok.encode(model, text)
+    want = np.array([c == " " for c in text])
+    want[-1] = True
+    assert enc.boundaries.tolist() == want.tolist()
+    assert rltok.segment(model, text) == [w + " " for w in text.split(" ")[:-1]] + [text.split(" ")[-1]]
+
+
+def test_encode_long_text_with_the_policy_covers_the_text(run_dir):
+    model = rltok.load(run_dir)
+    text = "The quick brown fox jumps over the lazy dog. " * 12
+    enc = rltok.encode(model, text, mode="sample", seed=2)
+    assert b"".join(enc.chunks) == text.encode() and enc.offsets[-1][1] == len(text)
+    # the first window's boundaries are those of the text's start on its own
+    head = rltok.encode(model, text[:40], mode="sample", seed=2)
+    assert enc.boundaries[:39].tolist() == head.boundaries[:39].tolist()

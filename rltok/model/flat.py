@@ -10,10 +10,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from ..hub import HubMixin
 from .layers import Block, RMSNorm, rope_angles
 
 
-class FlatLM(nn.Module):
+class FlatLM(nn.Module, HubMixin):
     family = "flat"
 
     def __init__(self, n_inputs: int, n_outputs: int, d_model: int, n_heads: int, n_layers: int,

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from ..boundaries.base import BoundaryModule, BoundaryOutput
 from ..config import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig
+from ..hub import HubMixin
 from .chunking import Chunks, chunk_indices
 from .layers import Block, PackedRows, RMSNorm, rope_angles
 
@@ -43,7 +44,7 @@ def _layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
     return None if on_kv is None else (lambda k, v: on_kv(stage, i, k, v))
 
 
-class ByteUNet(nn.Module):
+class ByteUNet(nn.Module, HubMixin):
     family = "unet"
 
     def __init__(self, cfg: ModelConfig, boundary: BoundaryModule):
