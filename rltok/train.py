@@ -68,8 +68,46 @@ class TrainResult:
 
 
 class MetricsLog:
-    def __init__(self, path: Path, enabled: bool):
+    """RUN/metrics.jsonl, the record of a run; with ``train.log_to`` the same numbers also go to
+    TensorBoard (RUN/tensorboard/, through ``torch.utils.tensorboard``) and Weights & Biases
+    (``wandb``, files under RUN/wandb/), tagged ``train/<key>`` or ``<event>/<key>``."""
+
+    def __init__(self, path: Path, enabled: bool, cfg: RunConfig | None = None):
         self.path, self.enabled = path, enabled
+        self.sinks: list[Any] = []
+        self._cfg = cfg
+
+    def open_sinks(self, resume: bool) -> None:
+        """Start the optional loggers (after the run directory exists and the resume point is known)."""
+        targets = [x.strip() for x in (self._cfg.train.log_to if self._cfg else "").split(",") if x.strip()]
+        if not self.enabled or not targets:
+            return
+        run_dir = self.path.parent
+        if "tensorboard" in targets:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                raise RltokError("train.log_to=tensorboard needs the tensorboard package "
+                                 "(pip install tensorboard, or pip install 'rltok[logging]')") from None
+            self.sinks.append(_TensorBoardSink(SummaryWriter(log_dir=str(run_dir / "tensorboard"))))
+        if "wandb" in targets:
+            try:
+                import wandb
+            except ImportError:
+                raise RltokError("train.log_to=wandb needs the wandb package (pip install wandb, or "
+                                 "pip install 'rltok[logging]'); WANDB_MODE=offline logs without an account") from None
+            # one W&B run per rltok run, continued on --resume (its id is derived from the directory)
+            import hashlib
+
+            run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
+            self.sinks.append(_WandbSink(wandb.init(project=self._cfg.train.wandb_project, name=run_dir.name,
+                                                    id=run_id, dir=str(run_dir), config=self._cfg.to_dict(),
+                                                    resume="allow" if resume else None)))
+
+    def close(self) -> None:
+        for s in self.sinks:
+            s.close()
+        self.sinks = []
 
     def truncate_after(self, step: int) -> None:
         """On resume: drop lines logged after the checkpoint we resume from, a line cut by a
@@ -94,6 +132,35 @@ class MetricsLog:
                     f.write(json.dumps(record, allow_nan=True) + "\n")
             except OSError as e:
                 raise RltokError(f"cannot write {self.path}: {e.strerror or e}") from None
+            if self.sinks and isinstance(record.get("step"), int):
+                group = record.get("event", "train")
+                scalars = {f"{group}/{k}": float(v) for k, v in record.items()
+                           if k not in ("step", "event") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                for s in self.sinks:
+                    s.log(scalars, record["step"])
+
+
+class _TensorBoardSink:
+    def __init__(self, writer):
+        self.writer = writer
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, global_step=step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _WandbSink:
+    def __init__(self, run):
+        self.run = run
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
 
 
 def _round(x: float) -> float:
@@ -216,6 +283,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     out = Path(out)
     info = init_distributed(cfg.train.device)
     lock = RunLock(out)
+    log = MetricsLog(out / METRICS, info.is_main, cfg)
     try:
         if info.is_main:
             # lock before looking at RUN: a second training of the same run is refused
@@ -229,12 +297,15 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
                 ckpt.remove_stale_temporaries(out)  # what a killed writer left behind
         cfg = prepare_run_dir(cfg, out, resume)
         info.barrier()  # every rank has looked at RUN before rank 0 writes into it
-        return _train(cfg, out, info, resume=resume, progress=progress, splits=splits, stop_at_step=stop_at_step)
+        log._cfg = cfg
+        return _train(cfg, out, info, log, resume=resume, progress=progress, splits=splits,
+                      stop_at_step=stop_at_step)
     finally:
+        log.close()
         lock.release()
 
 
-def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress: bool,
+def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume: bool, progress: bool,
            splits: Splits | None, stop_at_step: int | None) -> TrainResult:
     t = cfg.train
     layout = batch_layout(cfg, info.world)
@@ -256,10 +327,9 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
                            wrap_data_parallel)
 
     model = build_model(cfg, out).to(info.device)
-    log = MetricsLog(out / METRICS, info.is_main)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
-    if info.device.type == "cpu":
-        warn(f"rltok: {describe_current()}")
+    for line in _start_lines(model, cfg, splits, info):
+        warn(f"rltok: {line}")
 
     step, bytes_seen, bad_total, consecutive_bad = 0, 0, 0, 0
     resume_from = None
@@ -288,6 +358,7 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
             warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes"
                  f"{'' if state.get('world_size', info.world) == info.world else ', saved with %d processes, now %d' % (state['world_size'], info.world)})")
 
+    log.open_sinks(resume)
     if t.compile:
         compile_blocks(model)
     fwd: nn.Module = wrap_data_parallel(model, cfg, info) if info.enabled else model
@@ -468,6 +539,31 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, *, resume: bool, progress:
                 ckpt.write_json_atomic(out / SUMMARY, summary)
             info.barrier()
     return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
+
+
+def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
+    """What a run is, said before it starts: the model's size (applied per byte and per chunk),
+    the data, the device, dtype and threads, and the training FLOPs per byte at the target rate."""
+    from .flops import format_flops, training_flops_per_byte
+
+    n = sum(p.numel() for p in model.parameters())
+    try:
+        fl = training_flops_per_byte(model, cfg)
+        size = (f"model: {n / 1e6:.2f}M parameters ({fl.params_per_byte / 1e6:.2f}M matmul per byte, "
+                f"{fl.params_per_chunk / 1e6:.2f}M per chunk); {format_flops(fl.per_byte)} training "
+                f"FLOPs per byte at rate {fl.rate:.3g}")
+    except (AttributeError, TypeError):  # a model family without a FLOP count
+        size = f"model: {n / 1e6:.2f}M parameters"
+    tr, va = splits.train, splits.val
+    budget = (f"{cfg.train.max_steps} steps" if cfg.train.max_steps
+              else f"{cfg.train.total_bytes / 1e6:.3g} MB")
+    lines = [f"data: {cfg.data.source}, {len(tr):,} training documents ({tr.total_bytes / 1e6:.1f} MB), "
+             f"{len(va):,} validation; training on {budget} ({cfg.method})",
+             size,
+             f"device: {info.device.type}, dtype {cfg.train.dtype}, {info.world} process(es)"]
+    if info.device.type == "cpu":
+        lines.append(describe_current())
+    return lines
 
 
 def _flop_params(model: nn.Module) -> tuple[int, int]:

@@ -135,3 +135,26 @@ def test_runs_from_before_versions_still_open(smoke_runs, tmp_path):
 
     _edit(run, old)
     assert rltok.load(run).run_config.boundary.init_scale == 1.0
+
+
+def test_format_1_runs_open_without_the_keys_added_in_format_2(smoke_runs, tmp_path):
+    """A key added in a later format takes its default in an older run; in a run of the format
+    that added it, its absence is still named."""
+    import rltok
+    from rltok.config import ADDED_KEYS
+
+    assert ADDED_KEYS and max(ADDED_KEYS.values()) >= 2
+    run = tmp_path / "v1"
+    shutil.copytree(smoke_runs["rl"], run)
+
+    def format1(d):
+        d["format_version"] = 1
+        for key in ADDED_KEYS:
+            sec, name = key.split(".")
+            d[sec].pop(name)
+
+    _edit(run, format1)
+    assert rltok.load(run).run_config.train.log_to == ""
+    _edit(run, lambda d: d.update(format_version=2))
+    with pytest.raises(RltokError, match="missing key"):
+        rltok.load(run)

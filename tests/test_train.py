@@ -108,3 +108,45 @@ def test_bad_step_is_skipped_and_counted(small_corpus_file, tmp_path, monkeypatc
     assert len(bad) == 1 and bad[0]["step"] == 2 and "data_index" in bad[0]
     w = load_weights(tmp_path / "r" / "model.safetensors")
     assert all(torch.isfinite(v).all() for v in w.values())
+
+
+@pytest.mark.parametrize("sink", ["tensorboard", "wandb"])
+def test_metrics_also_go_to_tensorboard_and_wandb(sink, tmp_path, small_corpus_file, monkeypatch, one_thread):
+    """train.log_to: the numbers of metrics.jsonl reach TensorBoard's event files (read back
+    with tensorboard's own reader) and an offline W&B run."""
+    pytest.importorskip(sink)
+    from rltok.config import build_config
+    from rltok.train import train
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = build_config("rl", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 4,
+                                                 "train.log_every": 2, "train.eval_docs": 2,
+                                                 "train.log_to": sink})
+    train(cfg, tmp_path / "run", progress=False)
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["bpb"] for r in lines if "event" not in r}
+    if sink == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+        acc.Reload()
+        got = {e.step: e.value for e in acc.Scalars("train/bpb")}
+        assert got.keys() == logged.keys()
+        assert all(abs(got[s] - logged[s]) < 1e-3 for s in got)
+        assert "final_eval/val_bpb" in acc.Tags()["scalars"]
+    else:
+        runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1
+        # the offline run's record file holds each history item as its key and JSON value
+        data = next(runs[0].glob("*.wandb")).read_bytes()
+        assert b"train/bpb" in data and b"final_eval/val_bpb" in data
+        assert all(json.dumps(v).encode() in data for v in logged.values())
+
+
+def test_log_to_rejects_unknown_sinks():
+    from rltok.config import build_config
+    from rltok.errors import RltokError
+
+    with pytest.raises(RltokError, match="train.log_to='tensorbord'"):
+        build_config("rl", "smoke", overrides={"train.log_to": "tensorbord"})
