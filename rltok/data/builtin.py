@@ -151,11 +151,32 @@ def fetch_english(dest: Path) -> None:
         os.replace(tmp_dest, dest)
 
 
-def english_docs() -> list[bytes]:
+def ensure_english() -> Path:
+    """The cached English corpus, fetched first if needed. Processes that need it at once (the
+    ranks of a torchrun job) wait on a lock while one of them fetches."""
     dest = cache_dir() / "english-v1"
-    if not (dest / "offsets.npy").exists():
-        print(f"rltok: fetching the built-in English corpus into {dest} (once)", file=sys.stderr)
-        fetch_english(dest)
+    if (dest / "offsets.npy").exists():
+        return dest
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(dest.parent / "english-v1.lock", "w")
+    except OSError as e:
+        raise RltokError(f"built-in corpus 'english': cannot write its cache {dest.parent}: {e.strerror or e}") from None
+    with lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except (ImportError, OSError):  # pragma: no cover - no flock: fetch unlocked
+            pass
+        if not (dest / "offsets.npy").exists():
+            print(f"rltok: fetching the built-in English corpus into {dest} (once, about 20 s)", file=sys.stderr)
+            fetch_english(dest)
+    return dest
+
+
+def english_docs() -> list[bytes]:
+    dest = ensure_english()
     try:
         data = np.load(dest / "data.npy", mmap_mode="r")
         offsets = np.load(dest / "offsets.npy")

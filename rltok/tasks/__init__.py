@@ -40,6 +40,13 @@ def load_task(task: str, data_dir: str | Path | None = None, limit: int | None =
     return items, source
 
 
-from .evaluate import TaskResult, evaluate_tasks  # noqa: E402
+def __getattr__(name: str):
+    # imported on first use: the metrics import torch, which `rltok --help` should not pay for
+    if name in ("TaskResult", "evaluate_tasks"):
+        from . import evaluate
+
+        return getattr(evaluate, name)
+    raise AttributeError(name)
+
 
 __all__ = ["TASKS", "TaskItem", "TaskResult", "load_task", "evaluate_tasks", "evals_dir"]
