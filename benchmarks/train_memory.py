@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bytes", default="2M")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--data", default="")
+    ap.add_argument("--data", default="stdlib", help="the same corpus for base and head (the tiny preset's default changed to english after feecce1)")
     ap.add_argument("--out-dir", default="runs/mem")
     ap.add_argument("--json", default="")
     args = ap.parse_args(argv)
