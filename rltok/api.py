@@ -72,11 +72,13 @@ def _batch(texts: list[bytes], seq_len: int) -> Batch:
 
 @torch.no_grad()
 def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode: str = "sample",
-          seed: int = 0, boundaries: Sequence[Sequence[int]] | None = None, dtype: str = "fp32") -> Scored:
+          seed: int = 0, boundaries: Sequence[Sequence[int]] | None = None, dtype: str = "fp32",
+          rate: float | None = None) -> Scored:
     """Per-byte log-probabilities and the boundaries used, for a batch of texts.
 
     ``mode``: ``sample`` (boundaries drawn as in training, from ``seed``) or ``greedy``.
     ``boundaries``: optional 0/1 per byte to fix the boundaries (teacher forcing).
+    ``rate``: the boundary rate of a rate-conditioned model (``boundary.rate_schedule``).
     """
     if isinstance(texts, (str, bytes)):
         texts = [texts]
@@ -95,7 +97,9 @@ def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode:
     noise = eval_noise(seed, 0, range(len(raw)), batch.ids.shape[1]).to(device)
     was = model.training
     model.eval()
-    with autocast_for(device, dtype):
+    from .rates import requested_rate
+
+    with requested_rate(model, rate, "rate="), autocast_for(device, dtype):
         out = score_batch(model, batch, noise=noise, mode=mode, boundaries=fixed)
     model.train(was)
     lps, bs, ps = [], [], []
@@ -185,15 +189,17 @@ def _whole_characters(data: bytes, offsets: list[tuple[int, int]]) -> list[tuple
 
 @torch.no_grad()
 def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = "greedy", seed: int = 0,
-                 dtype: str = "fp32", batch_size: int = 8) -> list[Encoding]:
+                 dtype: str = "fp32", batch_size: int = 8, rate: float | None = None) -> list[Encoding]:
     """The chunks of each text. ``mode``: ``greedy`` (boundary where its probability > 0.5) or
     ``sample`` (drawn as in training, from ``seed``). Every byte of a text is an input (BOS +
     the text), so the boundary after its last byte is the forced end of the sequence. A text
     longer than the model's context is cut into windows of ``seq_len`` bytes overlapping by half
     (``data.loader.window_starts``); a byte's boundary comes from a window where it has at least
-    a quarter of a window of context before it and is not the window's forced end."""
+    a quarter of a window of context before it and is not the window's forced end. ``rate``: the
+    boundary rate of a rate-conditioned model."""
     from .data.corpus import Corpus
     from .data.loader import document_windows, window_starts
+    from .rates import requested_rate
 
     raw = [_as_bytes(t) for t in texts]
     if any(not r for r in raw):
@@ -212,7 +218,7 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
     try:
         for docs, wins, batch in document_windows(Corpus.from_docs(docs_in), seq_len, batch_size, stride=stride):
             noise = eval_noise(seed, 0, docs, batch.ids.shape[1], wins).to(device)
-            with autocast_for(device, dtype):
+            with requested_rate(model, rate, "rate="), autocast_for(device, dtype):
                 out = score_batch(model, batch.to(device), noise=noise, mode=mode)
             if out.boundaries is None:
                 raise ValueError("this model has no chunk boundaries")
@@ -241,8 +247,9 @@ def encode(model: nn.Module, text: str | bytes, **kw) -> Encoding:
     return encode_batch(model, [text], **kw)[0]
 
 
-def segment(model: nn.Module, text: str | bytes, *, mode: str = "greedy", seed: int = 0) -> list:
+def segment(model: nn.Module, text: str | bytes, *, mode: str = "greedy", seed: int = 0,
+            rate: float | None = None) -> list:
     """The chunks ("tokens") a model draws on a text: bytes in, bytes out; str in, str out (a
     boundary inside a multi-byte character is shown at the end of that character)."""
-    enc = encode(model, text, mode=mode, seed=seed)
+    enc = encode(model, text, mode=mode, seed=seed, rate=rate)
     return enc.chunks if isinstance(text, bytes) else enc.strings

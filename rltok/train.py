@@ -35,6 +35,7 @@ from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
 from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, read_config, write_config
+from .rates import requested_rate, schedule_of
 from .threads import describe_current
 
 from .signals import EXIT_SIGINT, EXIT_SIGTERM  # noqa: F401  (documented exit statuses)
@@ -242,17 +243,36 @@ class TrainStep:
         self.dataset, self.layout = dataset, layout
         self.amp = autocast_for(info.device, cfg.train.dtype)
         self.device_skip = bool(getattr(opt, "_step_supports_amp_scaling", False))
+        self.rates = schedule_of(model)  # rate conditioning: the rate of each step (rates.py)
 
     def indices(self, step: int):
         return self.dataset.step_indices(step, self.cfg.train.batch_size, self.info.rank, self.info.world)
 
     def __call__(self, step: int, lr: float) -> StepOutput:
+        cfg, info = self.cfg, self.info
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        rate = None
+        if self.rates is not None and self.rates.conditioned:
+            rate = self.rates.at(step, step * cfg.bytes_per_step, cfg.train.seed)
+        with requested_rate(self.model, rate, "boundary.rate_schedule"):
+            loss_sum, stats = self._accumulate(self.indices(step))
+        grad_norm = _grad_norm(self.model, cfg.train.grad_clip)
+        bad = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()
+        bad = info.all_reduce_max(bad)  # every rank skips together
+        if self.device_skip:
+            self.opt.found_inf = bad
+            self.opt.step()
+        elif not bool(bad.item()):
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return StepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
+
+    def _accumulate(self, indices) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
+        """Forward and backward over this rank's micro-batches; gradients sync on the last."""
         from .parallel import grad_sync
 
         cfg, info, L = self.cfg, self.info, self.layout
-        for g in self.opt.param_groups:
-            g["lr"] = lr
-        indices = self.indices(step)
         loss_sum = torch.zeros((), device=info.device)
         stats = []
         for j in range(L.accum):
@@ -264,16 +284,7 @@ class TrainStep:
                 (sl.loss / L.accum).backward()
             loss_sum += sl.loss.detach() / L.accum
             stats.append(sl.stats)
-        grad_norm = _grad_norm(self.model, cfg.train.grad_clip)
-        bad = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()
-        bad = info.all_reduce_max(bad)  # every rank skips together
-        if self.device_skip:
-            self.opt.found_inf = bad
-            self.opt.step()
-        elif not bool(bad.item()):
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return StepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
+        return loss_sum, stats
 
 
 def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bool = True,

@@ -88,10 +88,15 @@ MUTATIONS = [
              "    causal = False\n",
              "    causal = True\n",
              "the exact-count uniform claiming causality"),
+    Mutation("rate_penalty_ignores_requested_rate", "rltok/boundaries/policy.py",
+             "                                          self.rate, ctx.reduce_mean)",
+             "                                          cfg.target_rate, ctx.reduce_mean)",
+             "a rate-conditioned policy's penalty steering to the fixed target, not the rate asked"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
-               "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py"]
+               "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
+               "tests/test_rates.py"]
 
 
 def copy_tree(dst: Path) -> None:

@@ -51,9 +51,14 @@ class PolicyConfig(BoundaryConfig):
     # multiplies the policy head's default (PyTorch) initialisation; 0 starts every byte at
     # exactly p = r*, with no initial preference for any byte
     init_scale: float = 1.0
+    # "" (fixed at target_rate) or a schedule of rates to train at, e.g. uniform:0.1:0.3 (rltok/rates.py)
+    rate_schedule: str = ""
 
     def validate(self) -> None:
         super().validate()
+        from ..rates import parse_schedule
+
+        parse_schedule(self.rate_schedule, self.target_rate)
         if self.window < 1:
             raise RltokError(f"boundary.window={self.window} must be >= 1")
         if not (0.0 < self.gamma <= 1.0):
@@ -116,7 +121,45 @@ class BoundaryPolicy(BoundaryModule):
             with torch.no_grad():
                 self.proj.weight.mul_(cfg.init_scale)
                 self.proj.bias.mul_(cfg.init_scale)
-        self.bias0 = math.log(cfg.target_rate / (1 - cfg.target_rate))
+        from ..rates import parse_schedule
+
+        self.rate_schedule = parse_schedule(cfg.rate_schedule, cfg.target_rate)
+        self.requested: float | None = None  # set by rates.requested_rate; None = target_rate
+        if self.rate_schedule.conditioned:
+            # the requested rate's embedding, added to the policy's input and the chunk vectors;
+            # zero-initialised so the model starts as the unconditioned one
+            self.rate_embed = nn.Linear(2, model_cfg.d_model)
+            nn.init.zeros_(self.rate_embed.weight)
+            nn.init.zeros_(self.rate_embed.bias)
+
+    @property
+    def rate(self) -> float:
+        """The rate the policy runs at: the requested one, else boundary.target_rate."""
+        return self.cfg.target_rate if self.requested is None else self.requested
+
+    @property
+    def bias0(self) -> float:
+        r = self.rate
+        return math.log(r / (1 - r))
+
+    def _rate_vector(self, like: Tensor) -> Tensor | None:
+        """E(r) (d,), or None for an unconditioned policy. Features: logit(r) relative to the
+        target's, and 1."""
+        if not self.rate_schedule.conditioned:
+            return None
+        t = self.cfg.target_rate
+        f = torch.tensor([self.bias0 - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
+        return self.rate_embed(f).to(like.dtype)
+
+    def _conditioned(self, h: Tensor) -> Tensor:
+        e = self._rate_vector(h)
+        return h if e is None else h + e
+
+    def downsample(self, h: Tensor, out: BoundaryOutput, chunks) -> Tensor:
+        return self._conditioned(super().downsample(h, out, chunks))
+
+    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
+        return self._conditioned(super().downsample_step(h, step))
 
     # -- logits ------------------------------------------------------------------------------
     def _cap(self, x: Tensor) -> Tensor:
@@ -186,7 +229,7 @@ class BoundaryPolicy(BoundaryModule):
     # -- forward -----------------------------------------------------------------------------
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
-        x = h.detach() if self.cfg.detach_input else h
+        x = self._conditioned(h.detach() if self.cfg.detach_input else h)
         V = self.proj(x).float()
         B, S, w = V.shape
         greedy = mode == "greedy"
@@ -210,7 +253,7 @@ class BoundaryPolicy(BoundaryModule):
     # -- incremental decoding ----------------------------------------------------------------
     def step(self, h: Tensor, ids: Tensor, state: Tensor | None, *, pos: Tensor,
              noise: Tensor | None = None, fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
-        x = h.detach() if self.cfg.detach_input else h
+        x = self._conditioned(h.detach() if self.cfg.detach_input else h)
         V = self.proj(x).float()  # (n, w)
         n, w = V.shape
         hist = state if state is not None else V.new_zeros(n, w - 1)  # b_{t-w+1} .. b_{t-1}
@@ -249,13 +292,13 @@ class BoundaryPolicy(BoundaryModule):
         pg = est.policy_gradient_surrogate(G, out.log_prob, mask)
         if cfg.rate_loss == "logit_shift":
             rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
-                                          cfg.target_rate, ctx.reduce_mean)
+                                          self.rate, ctx.reduce_mean)
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)
             pbar = (out.probs * out.decided + (v - out.decided.float())).sum() / n
             fbar = ctx.reduce_mean((out.hard.detach() * v).sum() / n)
-            rate = est.ratio_loss(fbar, pbar, cfg.target_rate)
+            rate = est.ratio_loss(fbar, pbar, self.rate)
         dm = out.decided & mask
         adv_mean, adv_std = est.masked_mean_std(adv, dm)
         _, ret_std = est.masked_mean_std(G, dm)
@@ -267,6 +310,8 @@ class BoundaryPolicy(BoundaryModule):
             "logp_mean": (out.log_prob.detach() * dm).sum() / n_dec,
             "entropy": (out.entropy.detach() * dm).sum() / n_dec,
         }
+        if self.rate_schedule.conditioned:
+            stats["requested_rate"] = out.probs.new_tensor(self.rate)
         return cfg.pg_weight * pg + cfg.rate_weight * rate, stats
 
 

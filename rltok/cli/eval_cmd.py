@@ -30,6 +30,9 @@ def register(sub) -> None:
                    help="with --whole: bytes between window starts (default seq_len: consecutive "
                         "windows; smaller: overlapping windows, each scored byte with at least "
                         "seq_len - stride bytes of context)")
+    p.add_argument("--rate", type=float, default=None,
+                   help="run a rate-conditioned model (trained with boundary.rate_schedule) at this "
+                        "boundary rate (default: its boundary.target_rate)")
     p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the evaluation boundary samples")
@@ -69,13 +72,18 @@ def run(args) -> int:
         corpus: Corpus = load_corpus(cfg.data.source, cfg.data)
     else:
         corpus = getattr(load_splits(cfg), args.split)
-    res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
-                          mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
-                          seed=args.seed, dtype=args.dtype or cfg.train.dtype, whole=args.whole,
-                          stride=args.stride)
+    from ..rates import requested_rate
+
+    with requested_rate(model, args.rate):  # a rate the model was not trained for: refused in one line
+        res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
+                              mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
+                              seed=args.seed, dtype=args.dtype or cfg.train.dtype, whole=args.whole,
+                              stride=args.stride)
     d = {"run": str(args.run), "method": cfg.method, **model.weights, "data": cfg.data.source,
          "split": args.split, **res.to_dict(per_doc=args.per_doc)}
-    target = cfg.boundary.target_rate if cfg.method in RATE_TARGETED else None
+    target = (args.rate or cfg.boundary.target_rate) if cfg.method in RATE_TARGETED else None
+    if args.rate is not None:
+        d["requested_rate"] = args.rate
     off_target = target is not None and abs(res.rate - target) > 0.02  # False for a nan rate
     if target is not None:
         d["target_rate"] = target

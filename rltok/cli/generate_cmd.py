@@ -23,6 +23,8 @@ def register(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = off)")
     p.add_argument("--top-k", type=nonneg_int, default=0, help="sample among the k most likely bytes (0 = off)")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable); removed from the output")
+    p.add_argument("--rate", type=float, default=None,
+                   help="run a rate-conditioned model at this boundary rate (default: its target rate)")
     p.add_argument("--seed", type=seed_arg, default=None, help="seed of bytes and boundaries (default: fresh, printed)")
     p.add_argument("--greedy-boundaries", action="store_true",
                    help="boundary where its probability > 0.5 instead of sampling")
@@ -71,13 +73,18 @@ def run(args) -> int:
 
     stops = [to_bytes(s) for s in args.stop or []]
     _check_args(args.max_bytes, args.temperature, args.top_p, args.top_k, "sample", stops)  # before printing
+    from ..rates import check_rate, requested_rate
+
+    if args.rate is not None:
+        check_rate(model, args.rate)
     if streaming:
         out.write(printable(prompts[0]))
         out.flush()
-    res = generate(model, prompts, args.max_bytes, temperature=args.temperature, top_p=args.top_p,
-                   top_k=args.top_k, boundary_mode="greedy" if args.greedy_boundaries else "sample",
-                   stop=stops, seed=args.seed, stream=stream if streaming else None,
-                   cache=not args.no_cache, dtype=args.dtype)
+    with requested_rate(model, args.rate):
+        res = generate(model, prompts, args.max_bytes, temperature=args.temperature, top_p=args.top_p,
+                       top_k=args.top_k, boundary_mode="greedy" if args.greedy_boundaries else "sample",
+                       stop=stops, seed=args.seed, stream=stream if streaming else None,
+                       cache=not args.no_cache, dtype=args.dtype)
     for i, g in enumerate(res):
         chunks = [c.decode("utf-8", errors="replace") for c in g.chunks()]
         if args.json:

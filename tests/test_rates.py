@@ -1,0 +1,139 @@
+"""Rate conditioning (boundary.rate_schedule): schedules, one-line errors, parity with the
+unconditioned policy at initialisation, and a trained smoke model that runs at the rate asked."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rltok.cli import main
+from rltok.config import build_config
+from rltok.errors import RltokError
+from rltok.rates import parse_schedule, requested_rate
+from rltok.run import build_model
+
+
+@pytest.mark.parametrize("spec,kind,values,fixed", [
+    ("", "fixed", (0.2,), 0),
+    ("uniform:0.1:0.3", "uniform", (0.1, 0.3), 0),
+    ("choice:0.1:0.2:0.3", "choice", (0.1, 0.2, 0.3), 0),
+    ("uniform:0.1:0.3@1M", "uniform", (0.1, 0.3), 1_000_000),
+    ("choice:0.15:0.25@500k", "choice", (0.15, 0.25), 500_000),
+])
+def test_schedules_parse(spec, kind, values, fixed):
+    s = parse_schedule(spec, 0.2)
+    assert (s.kind, s.values, s.fixed_bytes) == (kind, values, fixed)
+
+
+@pytest.mark.parametrize("spec,msg", [
+    ("uniform:0.3:0.1", "LO < HI"), ("uniform:0.1", "LO < HI"), ("choice:0.1", "at least two"),
+    ("uniform:0:0.3", "in (0, 1)"), ("choice:0.1:1.5", "in (0, 1)"), ("uniform:a:b", "must be numbers"),
+    ("linear:0.1:0.3", "must be uniform"), ("uniform:0.1:0.3@soon", "byte count"),
+])
+def test_bad_schedules_are_one_line(spec, msg, capsys):
+    with pytest.raises(RltokError, match=re.escape(msg)):
+        parse_schedule(spec, 0.2)
+    assert main(["train", "--preset", "smoke", "--set", f"boundary.rate_schedule={spec}", "--out", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "boundary.rate_schedule" in err[0]
+
+
+def test_draws_are_a_function_of_seed_and_step():
+    u = parse_schedule("uniform:0.1:0.3@1000", 0.2)
+    assert u.at(0, 0, 42) == 0.2 and u.at(3, 999, 42) == 0.2  # the fixed phase
+    draws = [u.at(s, 1000 + s, 42) for s in range(400)]
+    assert draws == [u.at(s, 1000 + s, 42) for s in range(400)]  # resumable, the same on every rank
+    assert all(0.1 <= r <= 0.3 for r in draws) and min(draws) < 0.12 and max(draws) > 0.28
+    assert draws != [u.at(s, 1000 + s, 43) for s in range(400)]
+    c = parse_schedule("choice:0.1:0.3", 0.2)
+    assert {c.at(s, 0, 1) for s in range(100)} == {0.1, 0.3}
+
+
+def test_a_model_refuses_rates_it_was_not_trained_for():
+    fixed = build_model(build_config("rl", "smoke"))
+    with pytest.raises(RltokError, match="fixed rate 0.2"):
+        with requested_rate(fixed, 0.3):
+            pass
+    cond = build_model(build_config("rl", "smoke", overrides={"boundary.rate_schedule": "uniform:0.1:0.3"}))
+    for bad, msg in ((0.05, r"outside .*\[0.1, 0.3\]"), (1.0, r"in \(0, 1\)"), (float("nan"), r"in \(0, 1\)")):
+        with pytest.raises(RltokError, match=msg):
+            with requested_rate(cond, bad):
+                pass
+    choice = build_model(build_config("rl", "smoke", overrides={"boundary.rate_schedule": "choice:0.1:0.3"}))
+    with pytest.raises(RltokError, match="0.1, 0.2, 0.3 only"):
+        with requested_rate(choice, 0.25):
+            pass
+    with pytest.raises(RltokError, match="no rate to choose"):
+        with requested_rate(build_model(build_config("whitespace", "smoke")), 0.2):
+            pass
+    with requested_rate(cond, 0.25):
+        assert cond.boundary.rate == 0.25
+    assert cond.boundary.rate == 0.2  # restored after the block
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.27])
+def test_zero_initialised_conditioning_is_the_policy_at_that_rate(rate):
+    """Before training, a rate-conditioned model asked for rate r is exactly the unconditioned
+    model whose target rate is r (the rate embedding starts at zero; the prior is logit(r))."""
+    torch.manual_seed(0)
+    cond = build_model(build_config("rl", "smoke", overrides={"boundary.rate_schedule": "uniform:0.1:0.3"})).eval()
+    plain = build_model(build_config("rl", "smoke", overrides={"boundary.target_rate": rate})).eval()
+    sd = {k: v for k, v in cond.state_dict().items() if "rate_embed" not in k}
+    plain.load_state_dict(sd)
+    ids = torch.randint(0, 256, (2, 40))
+    noise = torch.rand(2, 40)
+    with requested_rate(cond, rate), torch.no_grad():
+        a = cond(ids, noise=noise)
+    with torch.no_grad():
+        b = plain(ids, noise=noise)
+    assert torch.equal(a.boundary.b, b.boundary.b)
+    torch.testing.assert_close(a.boundary.logits, b.boundary.logits)
+    torch.testing.assert_close(a.logits, b.logits)
+
+
+@pytest.fixture(scope="module")
+def rate_run(tmp_path_factory):
+    """A smoke model trained over rates 0.15-0.35 on the built-in code corpus (long documents, so
+    evaluation windows are full as in training), with a strong rate controller (rate_weight 0.5)
+    so that 200 steps suffice for it to hold each requested rate."""
+    run = tmp_path_factory.mktemp("rates") / "run"
+    r = subprocess.run([sys.executable, "-m", "rltok", "train", "--method", "rl", "--preset", "smoke",
+                        "--set", "boundary.rate_schedule=uniform:0.15:0.35", "--set", "boundary.rate_weight=0.5",
+                        "--steps", "200", "--data", "stdlib", "--out", str(run), "--no-progress", "--threads", "1"],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return run
+
+
+def test_a_trained_model_runs_at_the_rate_asked(rate_run, capsys, one_thread):
+    got = {}
+    for rate in (0.15, 0.25, 0.35):
+        assert main(["eval", str(rate_run), "--rate", str(rate), "--docs", "64", "--json"]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["requested_rate"] == rate
+        got[rate] = d["rate"]
+    assert all(abs(got[r] - r) <= 0.03 for r in got), got
+    # the steps trained at rates drawn from the schedule, logged per interval
+    lines = [json.loads(x) for x in (rate_run / "metrics.jsonl").read_text().splitlines()]
+    req = [x["requested_rate"] for x in lines if "requested_rate" in x]
+    assert req and all(0.15 <= r <= 0.35 for r in req) and max(req) - min(req) > 0.05
+
+
+def test_generate_refuses_a_bad_rate_before_printing(rate_run, capsys):
+    assert main(["generate", str(rate_run), "--prompt", "The", "--max-bytes", "4", "--rate", "0.5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "outside the rates" in err
+    assert main(["generate", str(rate_run), "--prompt", "The", "--max-bytes", "8", "--rate", "0.3",
+                 "--seed", "1"]) == 0
+    import rltok
+
+    model = rltok.load(rate_run)
+    text = "The city council met on Tuesday to discuss the budget for the coming year. " * 3
+    low = rltok.encode(model, text, rate=0.15, mode="sample", seed=3)
+    high = rltok.encode(model, text, rate=0.35, mode="sample", seed=3)
+    assert len(high) > len(low)  # the API runs the model at the rate asked
+    with pytest.raises(RltokError, match="outside"):
+        rltok.score(model, ["x"], rate=0.9)
