@@ -242,7 +242,10 @@ FORMAT_VERSION = 2
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
-ADDED_KEYS: dict[str, int] = {"train.log_to": 2, "train.wandb_project": 2, "boundary.rate_schedule": 2}
+ADDED_KEYS: dict[str, int] = {
+    "train.log_to": 2, "train.wandb_project": 2, "boundary.rate_schedule": 2, "boundary.flop_price": 2,
+    "boundary.prescribed": 2, "boundary.warm_start_bytes": 2, "boundary.is_clip": 2,
+}
 
 
 def _keys(what: str, keys: list[str]) -> str:

@@ -108,18 +108,34 @@ def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor) -
 
 
 def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,
-                 reduce_mean: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                 reduce_mean: Callable[[Tensor], Tensor] | None = None,
+                 one_sided: bool = False) -> tuple[Tensor, Tensor]:
     """(pbar - r*)_sg * mean logit, with forced positions counted as probability 1 (the paper).
 
     Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
-    down together when the rate is above target and up when below.
+    down together when the rate is above target and up when below. ``one_sided``: only above
+    (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under.
     """
     d, v = decided.float(), valid.float()
     n = v.sum().clamp(min=1)
     pbar = (probs.float() * d + (v - d)).sum() / n
     pbar_g = pbar.detach() if reduce_mean is None else reduce_mean(pbar.detach())
     lbar = (logits.float() * d).sum() / n
-    return (pbar_g - target) * lbar, pbar
+    excess = pbar_g - target
+    if one_sided:
+        excess = excess.clamp(min=0)
+    return excess * lbar, pbar
+
+
+def importance_ratio(log_prob: Tensor, b: Tensor, behaviour_rate: float, decided: Tensor,
+                     clip: float) -> Tensor:
+    """rho_t = pi(b_t) / pi_off(b_t) for boundaries drawn from Bernoulli(behaviour_rate),
+    detached and clipped at ``clip`` (truncated importance sampling: bounded variance, biased
+    toward the behaviour policy where the ratio is cut); 1 where nothing was decided."""
+    r = behaviour_rate
+    log_off = torch.where(b, torch.full_like(log_prob, math.log(r)), torch.full_like(log_prob, math.log(1 - r)))
+    rho = torch.exp(log_prob.detach().float() - log_off).clamp(max=clip)
+    return torch.where(decided, rho, torch.ones_like(rho))
 
 
 def masked_mean_std(x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,9 @@ with their random-uniform and random-choice rate schedulers).
     uniform:LO:HI          a rate drawn uniformly from [LO, HI] per optimizer step
     choice:R1:R2[:R3...]   one of the listed rates per optimizer step
     ...@N                  the first N training bytes at boundary.target_rate (e.g. uniform:0.1:0.3@1M)
+    linear:R0[@N]          a curriculum, not conditioning: the rate moves linearly from R0 to
+                           boundary.target_rate over the first N bytes (default: the whole run),
+                           then stays there; the model runs at target_rate afterwards
 
 The draw is a function of (train.seed, step), so every rank, every micro-batch of the step and a
 resumed run see the same rate. A rate-conditioned policy adds a learned embedding of the
@@ -29,13 +32,19 @@ from .errors import RltokError
 
 @dataclass(frozen=True)
 class RateSchedule:
-    kind: str  # fixed, uniform or choice
+    kind: str  # fixed, uniform, choice or linear
     values: tuple[float, ...]  # fixed: (r*,); uniform: (lo, hi); choice: the rates
     fixed_bytes: int = 0  # the first fixed_bytes train at the target rate
     target: float = 0.2
 
     @property
     def conditioned(self) -> bool:
+        """The model is conditioned on the rate (it can run at any trained rate)."""
+        return self.kind in ("uniform", "choice")
+
+    @property
+    def varies(self) -> bool:
+        """Training steps ask for different rates."""
         return self.kind != "fixed"
 
     @property
@@ -46,8 +55,13 @@ class RateSchedule:
     def hi(self) -> float:
         return max(self.values + (self.target,) if self.fixed_bytes else self.values)
 
-    def at(self, step: int, bytes_seen: int, seed: int) -> float:
-        """The rate optimizer step ``step`` trains at."""
+    def at(self, step: int, bytes_seen: int, seed: int, total_bytes: int = 0) -> float:
+        """The rate optimizer step ``step`` trains at (``total_bytes``: the run's, for a
+        curriculum over the whole run)."""
+        if self.kind == "linear":
+            span = self.fixed_bytes or total_bytes
+            frac = min(1.0, bytes_seen / span) if span > 0 else 1.0
+            return float(self.values[0] + frac * (self.target - self.values[0]))
         if self.kind == "fixed" or bytes_seen < self.fixed_bytes:
             return self.target
         import numpy as np
@@ -93,8 +107,12 @@ def parse_schedule(spec: str, target: float) -> RateSchedule:
         values = tuple(float(x) for x in rest.split(":")) if rest else ()
     except ValueError:
         raise RltokError(f"{key}={spec!r}: the rates must be numbers (uniform:LO:HI or choice:R1:R2:...)") from None
-    if kind not in ("uniform", "choice"):
-        raise RltokError(f"{key}={spec!r}: must be uniform:LO:HI or choice:R1:R2[:...], optionally @BYTES")
+    if kind not in ("uniform", "choice", "linear"):
+        raise RltokError(f"{key}={spec!r}: must be uniform:LO:HI, choice:R1:R2[:...] or linear:R0, "
+                         f"optionally @BYTES")
+    if kind == "linear" and len(values) != 1:
+        raise RltokError(f"{key}={spec!r}: linear needs one starting rate (linear:0.3 moves from 0.3 "
+                         f"to boundary.target_rate)")
     if any(not (0.0 < v < 1.0) for v in values):
         raise RltokError(f"{key}={spec!r}: every rate must be in (0, 1)")
     if kind == "uniform" and (len(values) != 2 or values[0] >= values[1]):
@@ -133,13 +151,14 @@ def check_rate(model, rate: float, where: str = "--rate") -> float:
 
 
 @contextlib.contextmanager
-def requested_rate(model, rate: float | None, where: str = "--rate"):
+def requested_rate(model, rate: float | None, where: str = "--rate", check: bool = True):
     """Run ``model`` at ``rate`` inside the block (None: its default). Refuses, in one line, a
-    rate the model was not trained for."""
+    rate the model was not trained for (``check=False``: training, whose schedule chose it)."""
     if rate is None:
         yield model
         return
-    check_rate(model, rate, where)
+    if check:
+        check_rate(model, rate, where)
     b = _boundary_module(model)
     before = b.requested
     b.requested = float(rate)
@@ -147,3 +166,21 @@ def requested_rate(model, rate: float | None, where: str = "--rate"):
         yield model
     finally:
         b.requested = before
+
+
+@contextlib.contextmanager
+def off_policy(model, bytes_seen: int):
+    """The off-policy warm start (the authors' ``warm_start_steps``): while ``bytes_seen`` is
+    below ``boundary.warm_start_bytes``, the policy's training boundaries are drawn from
+    Bernoulli(rate) instead of from the policy, which learns from them with clipped importance
+    ratios (``BoundaryPolicy.aux_loss``). A no-op for methods without the option."""
+    b = _boundary_module(model)
+    n = getattr(getattr(b, "cfg", None), "warm_start_bytes", 0)
+    if not n or bytes_seen >= n:
+        yield model
+        return
+    b.behaviour = True
+    try:
+        yield model
+    finally:
+        b.behaviour = False

@@ -35,7 +35,7 @@ from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
 from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, read_config, write_config
-from .rates import requested_rate, schedule_of
+from .rates import off_policy, requested_rate, schedule_of
 from .threads import describe_current
 
 from .signals import EXIT_SIGINT, EXIT_SIGTERM  # noqa: F401  (documented exit statuses)
@@ -243,7 +243,9 @@ class TrainStep:
         self.dataset, self.layout = dataset, layout
         self.amp = autocast_for(info.device, cfg.train.dtype)
         self.device_skip = bool(getattr(opt, "_step_supports_amp_scaling", False))
-        self.rates = schedule_of(model)  # rate conditioning: the rate of each step (rates.py)
+        self.rates = schedule_of(model)  # rate conditioning or curriculum: each step's rate (rates.py)
+        self.total_bytes = (cfg.train.max_steps * cfg.bytes_per_step if cfg.train.max_steps
+                            else cfg.train.total_bytes)
 
     def indices(self, step: int):
         return self.dataset.step_indices(step, self.cfg.train.batch_size, self.info.rank, self.info.world)
@@ -252,10 +254,10 @@ class TrainStep:
         cfg, info = self.cfg, self.info
         for g in self.opt.param_groups:
             g["lr"] = lr
-        rate = None
-        if self.rates is not None and self.rates.conditioned:
-            rate = self.rates.at(step, step * cfg.bytes_per_step, cfg.train.seed)
-        with requested_rate(self.model, rate, "boundary.rate_schedule"):
+        rate, seen = None, step * cfg.bytes_per_step
+        if self.rates is not None and self.rates.varies:
+            rate = self.rates.at(step, seen, cfg.train.seed, self.total_bytes)
+        with requested_rate(self.model, rate, check=False), off_policy(self.model, seen):
             loss_sum, stats = self._accumulate(self.indices(step))
         grad_norm = _grad_norm(self.model, cfg.train.grad_clip)
         bad = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()

@@ -31,7 +31,8 @@ def test_schedules_parse(spec, kind, values, fixed):
 @pytest.mark.parametrize("spec,msg", [
     ("uniform:0.3:0.1", "LO < HI"), ("uniform:0.1", "LO < HI"), ("choice:0.1", "at least two"),
     ("uniform:0:0.3", "in (0, 1)"), ("choice:0.1:1.5", "in (0, 1)"), ("uniform:a:b", "must be numbers"),
-    ("linear:0.1:0.3", "must be uniform"), ("uniform:0.1:0.3@soon", "byte count"),
+    ("ramp:0.1:0.3", "must be uniform"), ("uniform:0.1:0.3@soon", "byte count"),
+    ("linear:0.1:0.3", "one starting rate"),
 ])
 def test_bad_schedules_are_one_line(spec, msg, capsys):
     with pytest.raises(RltokError, match=re.escape(msg)):

@@ -61,8 +61,8 @@ MUTATIONS = [
              "G = est.discounted_reward_to_go(adv.flip(-1), cfg.gamma, cfg.return_block).flip(-1)",
              "the reward-to-go reversed in time (rewards before t instead of after)"),
     Mutation("rate_penalty_sign", "rltok/estimator.py",
-             "return (pbar_g - target) * lbar, pbar",
-             "return (target - pbar_g) * lbar, pbar",
+             "excess = pbar_g - target\n",
+             "excess = target - pbar_g\n",
              "the rate penalty's sign"),
     Mutation("other_action_log_prob", "rltok/boundaries/policy.py",
              "log_prob = bernoulli_log_prob(b, logits) * decided",
@@ -89,14 +89,22 @@ MUTATIONS = [
              "    causal = True\n",
              "the exact-count uniform claiming causality"),
     Mutation("rate_penalty_ignores_requested_rate", "rltok/boundaries/policy.py",
-             "                                          self.rate, ctx.reduce_mean)",
-             "                                          cfg.target_rate, ctx.reduce_mean)",
+             "                                          self.rate, ctx.reduce_mean, one_sided=",
+             "                                          cfg.target_rate, ctx.reduce_mean, one_sided=",
              "a rate-conditioned policy's penalty steering to the fixed target, not the rate asked"),
+    Mutation("warm_start_unweighted", "rltok/boundaries/policy.py",
+             "            G = G * rho\n",
+             "            G = G\n",
+             "the off-policy warm start learning from behaviour samples without importance ratios"),
+    Mutation("prescribed_decided", "rltok/boundaries/policy.py",
+             "        decided = decided_mask(valid) & ~given\n",
+             "        decided = decided_mask(valid)\n",
+             "prescribed boundaries counted as the policy's decisions in the estimator"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
-               "tests/test_rates.py"]
+               "tests/test_rates.py", "tests/test_policy_options.py"]
 
 
 def copy_tree(dst: Path) -> None:

@@ -46,7 +46,19 @@ class PolicyConfig(BoundaryConfig):
     baseline_scope: str = "local"  # local: per rank (the paper); global: summed over ranks
     pg_weight: float = 0.01  # weight of the policy-gradient surrogate
     rate_weight: float = 0.01  # weight of the rate penalty ("consistency loss")
-    rate_loss: str = "logit_shift"  # logit_shift (the paper) or hnet (H-Net's ratio loss)
+    # logit_shift (the paper); hinge: the same controller, acting only above target_rate (a rate
+    # ceiling, FLEXITOKENS-style); hnet: H-Net's ratio loss
+    rate_loss: str = "logit_shift"
+    # > 0: add flop_price * FLOPs/byte at the expected rate, relative to FLOPs/byte at target_rate,
+    # to the loss (nats per byte per unit of relative compute): the policy prices its own rate
+    flop_price: float = 0.0
+    # boundaries given, not decided, at these bytes ("", "newline", "whitespace"): forced to 1
+    # and left out of the estimator (the authors' prescribed boundaries)
+    prescribed: str = ""
+    # the first N training bytes draw boundaries from Bernoulli(rate) and learn from them with
+    # importance ratios pi/pi_off clipped at is_clip (the authors' off-policy warm start)
+    warm_start_bytes: int = 0
+    is_clip: float = 5.0
     return_block: int = 64  # block length of the blocked reward-to-go
     # multiplies the policy head's default (PyTorch) initialisation; 0 starts every byte at
     # exactly p = r*, with no initial preference for any byte
@@ -75,8 +87,16 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError(f"boundary.baseline_scope={self.baseline_scope!r} must be local or global")
         if self.baseline_group < 0:
             raise RltokError("boundary.baseline_group must be >= 0")
-        if self.rate_loss not in ("logit_shift", "hnet"):
-            raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift or hnet")
+        if self.rate_loss not in ("logit_shift", "hinge", "hnet"):
+            raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift, hinge or hnet")
+        if not (0.0 <= self.flop_price < 1e6):
+            raise RltokError(f"boundary.flop_price={self.flop_price} must be >= 0")
+        if self.prescribed not in ("", "newline", "whitespace"):
+            raise RltokError(f"boundary.prescribed={self.prescribed!r} must be '', newline or whitespace")
+        if self.warm_start_bytes < 0:
+            raise RltokError(f"boundary.warm_start_bytes={self.warm_start_bytes} must be >= 0")
+        if not (self.is_clip >= 1.0):
+            raise RltokError(f"boundary.is_clip={self.is_clip} must be >= 1")
         if self.pg_weight < 0 or self.rate_weight < 0:
             raise RltokError("boundary.pg_weight and boundary.rate_weight must be >= 0")
         if not (0.0 <= self.init_scale < 1e6):
@@ -125,6 +145,8 @@ class BoundaryPolicy(BoundaryModule):
 
         self.rate_schedule = parse_schedule(cfg.rate_schedule, cfg.target_rate)
         self.requested: float | None = None  # set by rates.requested_rate; None = target_rate
+        self.behaviour = False  # set by rates.off_policy: draw training boundaries from Bernoulli(rate)
+        self.flop_curve: tuple[float, float, float] | None = None  # FLOPs/byte = a + b r + c r^2 (flop_price)
         if self.rate_schedule.conditioned:
             # the requested rate's embedding, added to the policy's input and the chunk vectors;
             # zero-initialised so the model starts as the unconditioned one
@@ -150,6 +172,17 @@ class BoundaryPolicy(BoundaryModule):
         t = self.cfg.target_rate
         f = torch.tensor([self.bias0 - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
         return self.rate_embed(f).to(like.dtype)
+
+    def _given(self, ids: Tensor) -> Tensor:
+        """Where boundaries are prescribed (``boundary.prescribed``): bool, the shape of ids."""
+        p = self.cfg.prescribed
+        if p == "newline":
+            return ids == 10
+        if p == "whitespace":
+            from ..objectives import whitespace_mask
+
+            return whitespace_mask(ids)
+        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
 
     def _conditioned(self, h: Tensor) -> Tensor:
         e = self._rate_vector(h)
@@ -178,17 +211,17 @@ class BoundaryPolicy(BoundaryModule):
             a = a + (V[..., : w - 1] * win).sum(-1)
         return self._cap(self.cfg.scale * a + self.bias0)
 
-    def _scan(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+    def _scan(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool, given: Tensor | None = None) -> Tensor:
         """Sampling for w > 1. The two versions give the same decisions; on an accelerator the
         parallel one replaces S tiny sequential steps (S x ~10 kernel launches) by ~3 log2(S)
         large ones; on a CPU, which has no width to spend, the sequential one is cheaper
         (measured at B=8, S=4096, w=8 on 2 cores: 0.6 s sequential, 2.0 s parallel)."""
         if V.device.type == "cpu":
-            return self._scan_sequential(V, u, valid, greedy)
-        return self._scan_parallel(V, u, valid, greedy)
+            return self._scan_sequential(V, u, valid, greedy, given)
+        return self._scan_parallel(V, u, valid, greedy, given)
 
     @torch.no_grad()
-    def _scan_parallel(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+    def _scan_parallel(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool, given: Tensor | None = None) -> Tensor:
         """Sampling for w > 1 in O(log S) parallel steps (see :func:`scan_decisions`)."""
         w = V.shape[-1]
         coef, bias = V[..., : w - 1], V[..., w - 1]
@@ -203,12 +236,14 @@ class BoundaryPolicy(BoundaryModule):
         else:
             d = u[..., None] < torch.sigmoid(lt)
         d = d & valid[..., None]
+        if given is not None:
+            d = d | given[..., None]
         d[:, 0] = True
         d[:, S - 1] = True
         return scan_decisions(d)
 
     @torch.no_grad()
-    def _scan_sequential(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool) -> Tensor:
+    def _scan_sequential(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool, given: Tensor | None = None) -> Tensor:
         """Reference: sequential sampling for w > 1, each decision conditioned on the previous w-1
         (one step per byte; ``_scan_parallel`` must agree with it)."""
         B, S, w = V.shape
@@ -222,6 +257,8 @@ class BoundaryPolicy(BoundaryModule):
                 lt = self._cap(self.cfg.scale * (bias[:, t] + (coef[:, t] * win).sum(-1)) + self.bias0)
                 bt = (lt > 0) if greedy else (u[:, t] < torch.sigmoid(lt))
                 bt = bt & valid[:, t]
+                if given is not None:
+                    bt = bt | given[:, t]
             out[:, t] = bt
             win = torch.cat([win[:, 1:], bt[:, None].to(win.dtype)], dim=1)
         return out
@@ -235,16 +272,19 @@ class BoundaryPolicy(BoundaryModule):
         greedy = mode == "greedy"
         if fixed is None and not greedy and noise is None:
             noise = torch.rand(B, S, device=h.device)
+        given = self._given(ids) & valid
         if fixed is not None:
             b = fixed.bool()
+        elif self.behaviour and self.training and not greedy:
+            b = noise < self.rate  # the off-policy warm start's behaviour policy
         elif w == 1:
             l1 = self._logits(V, None)
             b = (l1 > 0) if greedy else (noise < torch.sigmoid(l1))
         else:
-            b = self._scan(V.detach(), noise, valid, greedy)
-        b = force_ends(b, valid)
+            b = self._scan(V.detach(), noise, valid, greedy, given)
+        b = force_ends(b | given, valid)
         logits = self._logits(V, b)
-        decided = decided_mask(valid)
+        decided = decided_mask(valid) & ~given
         probs = torch.sigmoid(logits)
         log_prob = bernoulli_log_prob(b, logits) * decided
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,
@@ -266,7 +306,7 @@ class BoundaryPolicy(BoundaryModule):
         else:
             u = noise if noise is not None else torch.rand(n, device=h.device)
             b = u < torch.sigmoid(logit)
-        forced = pos == 0
+        forced = (pos == 0) | self._given(ids)
         b = b | forced
         new_state = torch.cat([hist[:, 1:], b[:, None].float()], dim=1) if w > 1 else None
         return BoundaryStep(b=b, prob=torch.sigmoid(logit),
@@ -289,10 +329,15 @@ class BoundaryPolicy(BoundaryModule):
         reducer = ctx.all_reduce_sum if cfg.baseline_scope == "global" else None
         adv = est.batch_relative(r, mask, cfg.baseline, cfg.baseline_group, reducer)
         G = est.discounted_reward_to_go(adv, cfg.gamma, cfg.return_block)
+        rho = None
+        if self.behaviour:
+            # off-policy warm start: weight each decision by pi(b) / pi_off(b), clipped
+            rho = est.importance_ratio(out.log_prob, out.hard.bool(), self.rate, out.decided, cfg.is_clip)
+            G = G * rho
         pg = est.policy_gradient_surrogate(G, out.log_prob, mask)
-        if cfg.rate_loss == "logit_shift":
+        if cfg.rate_loss in ("logit_shift", "hinge"):
             rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
-                                          self.rate, ctx.reduce_mean)
+                                          self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge")
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)
@@ -310,15 +355,45 @@ class BoundaryPolicy(BoundaryModule):
             "logp_mean": (out.log_prob.detach() * dm).sum() / n_dec,
             "entropy": (out.entropy.detach() * dm).sum() / n_dec,
         }
-        if self.rate_schedule.conditioned:
+        if self.rate_schedule.varies:
             stats["requested_rate"] = out.probs.new_tensor(self.rate)
-        return cfg.pg_weight * pg + cfg.rate_weight * rate, stats
+        if rho is not None:
+            stats["importance_ratio"] = (rho * dm).sum() / n_dec
+        loss = cfg.pg_weight * pg + cfg.rate_weight * rate
+        if cfg.flop_price > 0:
+            cost = self.relative_flops(pbar)
+            stats["relative_flops"] = cost.detach()
+            loss = loss + cfg.flop_price * cost
+        return loss, stats
+
+    def relative_flops(self, rate: Tensor) -> Tensor:
+        """Training FLOPs per byte at ``rate`` over those at target_rate (differentiable in rate),
+        from the curve a + b r + c r^2 the model's FLOP count gives (``flops.unet_flops``)."""
+        if self.flop_curve is None:
+            raise RltokError("boundary.flop_price needs the model's FLOP curve (build the model with "
+                             "rltok.run.build_model)")
+        a, b, c = self.flop_curve
+        r0 = self.cfg.target_rate
+        return (a + b * rate + c * rate * rate) / (a + b * r0 + c * r0 * r0)
+
+
+def build_policy_unet(cfg, run_dir=None):
+    """The rl U-Net; with boundary.flop_price its policy gets the model's FLOPs-per-byte curve."""
+    model = unet_builder(BoundaryPolicy)(cfg, run_dir)
+    if cfg.boundary.flop_price > 0:
+        from ..flops import unet_flops
+
+        # exact: FLOPs/byte is quadratic in the rate (main-network attention over r S chunks)
+        f0, f1, f2 = (unet_flops(model, cfg, r).per_byte for r in (0.0, 0.5, 1.0))
+        c = 2 * (f2 - 2 * f1 + f0)
+        model.boundary.flop_curve = (f0, f2 - f0 - c, c)
+    return model
 
 
 register(MethodSpec(
     name="rl",
     config_cls=PolicyConfig,
-    build=unet_builder(BoundaryPolicy),
+    build=build_policy_unet,
     description="learned boundary policy trained with REINFORCE (the paper's method)",
     # the paper's policy (w = 8, logit scale 1/16; spec 2.1) on the paper's sizes; the tiny preset
     # keeps the fast-learning defaults (w = 1, scale 1), see README "Fast-learning vs paper-faithful"

@@ -1,0 +1,171 @@
+"""The authors' policy options and the learned-rate objectives, each by hand on a tiny case:
+prescribed boundaries, the off-policy warm start's importance ratios, the one-sided rate loss,
+the compute-priced objective and the rate curriculum."""
+
+import math
+
+import pytest
+import torch
+
+from rltok import estimator as est
+from rltok.config import build_config
+from rltok.rates import off_policy, parse_schedule
+from rltok.run import build_model
+
+
+def _model(**over):
+    torch.manual_seed(0)
+    return build_model(build_config("rl", "smoke", overrides={f"boundary.{k}": v for k, v in over.items()}))
+
+
+@pytest.mark.parametrize("window", [1, 3])
+def test_prescribed_boundaries_are_given_and_not_decided(window):
+    m = _model(prescribed="newline", window=window).train()
+    text = b"ab\ncd ef\ngh ij kl\nmn"
+    ids = torch.tensor([[256] + list(text)])  # BOS + bytes
+    noise = torch.full(ids.shape, 0.999)  # the policy itself would put almost no boundary
+    out = m(ids, noise=noise).boundary
+    nl = ids[0] == 10
+    assert out.b[0][nl].all() and not out.decided[0][nl].any()
+    assert (out.log_prob[0][nl] == 0).all()
+    # the estimator sees only decided positions: no policy gradient reaches a prescribed logit
+    logits = out.logits.detach().requires_grad_()
+    lp = torch.nn.functional.logsigmoid(torch.where(out.b.bool(), logits, -logits)) * out.decided
+    est.policy_gradient_surrogate(torch.ones_like(lp), lp, torch.ones_like(nl)[None]).backward()
+    assert (logits.grad[0][nl] == 0).all() and (logits.grad[0][~nl & out.decided[0]] != 0).all()
+    # byte-by-byte decoding gives the same prescribed boundaries
+    h = m.encode(ids)[0]
+    state = None
+    for t in range(ids.shape[1] - 1):
+        st = m.boundary.step(h[:, t], ids[:, t], state, pos=torch.tensor([t]), noise=noise[:, t])
+        state = st.state
+        assert bool(st.b[0]) == bool(out.b[0, t]), t
+        if nl[t]:
+            assert st.log_prob[0] == 0
+
+
+def test_importance_ratio_by_hand():
+    # pi(b) = 0.5 at every position; the behaviour policy is Bernoulli(0.2)
+    lp = torch.full((1, 4), math.log(0.5))
+    b = torch.tensor([[True, False, True, False]])
+    decided = torch.tensor([[True, True, True, False]])
+    rho = est.importance_ratio(lp, b, 0.2, decided, clip=5.0)
+    torch.testing.assert_close(rho, torch.tensor([[2.5, 0.625, 2.5, 1.0]]))
+    rho = est.importance_ratio(lp, b, 0.2, decided, clip=2.0)  # truncated at the clip
+    torch.testing.assert_close(rho, torch.tensor([[2.0, 0.625, 2.0, 1.0]]))
+
+
+def test_importance_weighting_is_unbiased_on_a_single_decision():
+    """E_off[rho * G(b) * grad log pi(b)] = E_on[G(b) * grad log pi(b)] = d/dl E_on[G], on one
+    Bernoulli decision, exactly (sums over b in {0, 1})."""
+    l = torch.tensor(0.7, requires_grad=True)
+    G = {True: 1.3, False: -0.4}
+    p_on = torch.sigmoid(l)
+    exact = torch.autograd.grad(p_on * G[True] + (1 - p_on) * G[False], l)[0]
+    r = 0.2
+    total = 0.0
+    for bv, p_off in ((True, r), (False, 1 - r)):
+        lp = torch.nn.functional.logsigmoid(l if bv else -l)
+        rho = est.importance_ratio(lp[None, None], torch.tensor([[bv]]), r, torch.tensor([[True]]), clip=1e9)
+        g = torch.autograd.grad(lp, l)[0]
+        total += p_off * float(rho) * G[bv] * float(g)
+    assert total == pytest.approx(float(exact), rel=1e-5)
+
+
+def test_warm_start_draws_from_the_behaviour_policy_then_hands_over():
+    m = _model(warm_start_bytes=1000).train()
+    ids = torch.randint(0, 256, (4, 64))
+    noise = torch.rand(4, 64)
+    with off_policy(m, 999):
+        assert m.boundary.behaviour
+        b = m(ids, noise=noise).boundary.b.bool()
+    want = noise < 0.2
+    inner = slice(1, 63)  # first and last positions are forced ends
+    assert torch.equal(b[:, inner], want[:, inner])
+    with off_policy(m, 1000):
+        assert not m.boundary.behaviour
+    assert not m.boundary.behaviour
+
+
+def test_one_sided_rate_loss_only_acts_above_the_ceiling():
+    logits = torch.zeros(1, 10, requires_grad=True)
+    valid = torch.ones(1, 10, dtype=torch.bool)
+    for target, sign in ((0.3, 1.0), (0.7, 0.0)):  # pbar = 0.5: above the ceiling 0.3, below 0.7
+        logits.grad = None
+        loss, pbar = est.rate_penalty(torch.sigmoid(logits), logits, valid, valid, target, one_sided=True)
+        loss.backward()
+        assert float(pbar.detach()) == pytest.approx(0.5)
+        assert torch.allclose(logits.grad, torch.full_like(logits, sign * (0.5 - target) / 10))
+    logits.grad = None
+    two, _ = est.rate_penalty(torch.sigmoid(logits), logits, valid, valid, 0.7)
+    two.backward()
+    assert (logits.grad < 0).all()  # the two-sided controller raises the rate toward 0.7
+
+
+def test_flop_price_uses_the_models_flop_curve():
+    from rltok.flops import unet_flops
+
+    cfg = build_config("rl", "smoke", overrides={"boundary.flop_price": 0.1})
+    m = build_model(cfg)
+    pol = m.boundary
+    for r in (0.05, 0.2, 0.37, 0.9):
+        want = unet_flops(m, cfg, r).per_byte / unet_flops(m, cfg, 0.2).per_byte
+        assert float(pol.relative_flops(torch.tensor(r, dtype=torch.float64))) == pytest.approx(want, rel=1e-9)
+    rate = torch.tensor(0.25, requires_grad=True)
+    pol.relative_flops(rate).backward()
+    assert rate.grad > 0  # more chunks cost more: the price pushes the rate down
+    # and it reaches the training loss
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    ids = torch.randint(0, 256, (2, 64))
+    batch = Batch(ids=ids, targets=torch.roll(ids, -1, 1), noise=torch.rand(2, 64), index=torch.arange(2))
+    sl = training_loss(m, batch, cfg)
+    assert "relative_flops" in sl.stats and sl.stats["relative_flops"] > 0
+
+
+def test_rate_curriculum_by_hand():
+    s = parse_schedule("linear:0.3", 0.2)
+    assert not s.conditioned and s.varies
+    assert s.at(0, 0, 1, total_bytes=1000) == pytest.approx(0.3)
+    assert s.at(5, 500, 1, total_bytes=1000) == pytest.approx(0.25)
+    assert s.at(9, 1000, 1, total_bytes=1000) == pytest.approx(0.2)
+    s = parse_schedule("linear:0.1@400", 0.2)  # over the first 400 bytes, then the target
+    assert s.at(0, 200, 1, total_bytes=1000) == pytest.approx(0.15)
+    assert s.at(0, 800, 1, total_bytes=1000) == pytest.approx(0.2)
+
+
+def test_bad_option_values_are_one_line():
+    from rltok.errors import RltokError
+
+    for key, value, msg in (("prescribed", "tabs", "newline or whitespace"), ("is_clip", 0.5, ">= 1"),
+                            ("warm_start_bytes", -1, ">= 0"), ("flop_price", -1.0, ">= 0"),
+                            ("rate_loss", "ceiling", "logit_shift, hinge or hnet")):
+        with pytest.raises(RltokError, match=msg):
+            build_config("rl", "smoke", overrides={f"boundary.{key}": value})
+
+
+def test_warm_start_surrogate_is_importance_weighted():
+    """Under the warm start the policy-gradient surrogate weights each return by its clipped
+    importance ratio (what the hand-worked ratio above feeds into)."""
+    from rltok.boundaries.base import LossContext
+    from rltok.objectives import per_position_ce
+
+    m = _model(warm_start_bytes=10**6, is_clip=3.0).train()
+    ids = torch.randint(0, 256, (4, 64))
+    tgt = torch.roll(ids, -1, 1)
+    with off_policy(m, 0):
+        out = m(ids, noise=torch.rand(4, 64))
+        ce, ce_e = per_position_ce(out.logits, tgt), per_position_ce(out.early_logits, tgt)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        ctx = LossContext(out=out.boundary, ce=ce, ce_early=ce_e, target_mask=mask, valid=mask,
+                          reduce_mean=lambda x: x, all_reduce_sum=None)
+        _, stats = m.boundary.aux_loss(ctx)
+    bc, bo = m.boundary.cfg, out.boundary
+    adv = est.batch_relative(est.rewards(ce, ce_e, bc.reward), mask, bc.baseline, bc.baseline_group, None)
+    G = est.discounted_reward_to_go(adv, bc.gamma, bc.return_block)
+    rho = est.importance_ratio(bo.log_prob, bo.hard.bool(), 0.2, bo.decided, 3.0)
+    assert (rho[bo.decided] != 1).all() and rho.max() <= 3.0
+    want = est.policy_gradient_surrogate(G * rho, bo.log_prob, mask)
+    assert float(stats["pg_loss"]) == pytest.approx(float(want), rel=1e-5)
+    assert float(stats["pg_loss"]) != pytest.approx(float(est.policy_gradient_surrogate(G, bo.log_prob, mask)), rel=1e-3)
