@@ -37,6 +37,7 @@ import numpy as np
 from torch import nn
 
 from .errors import RltokError
+from .evaluate import boundary_enrichment
 from .objectives import WHITESPACE
 
 HIST_MAX = 24
@@ -81,6 +82,8 @@ class BoundaryStats:
     bpe_f1: float
     entropy_bits: float
     bpb: float
+    boundary_enrichment: float = float("nan")  # evaluate.boundary_enrichment
+    start_surprisal_ratio: float = float("nan")
     chunk_hist: list[int] = field(default_factory=list)  # index k: chunks of k+1 bytes; last bin: longer too
 
     def to_dict(self) -> dict:
@@ -111,6 +114,7 @@ def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_ma
     nll = 0.0
     hist = np.zeros(hist_max, dtype=np.int64)
     pred_all, ws_all, bpe_all, ent = [], [], [], []
+    surprisal, starts = [], []
     for piece, r in zip(pieces, res):
         if r.boundaries is None:
             raise RltokError("this model has no chunk boundaries to analyze")
@@ -129,6 +133,10 @@ def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_ma
             bpe_all.append(bpe_boundaries(bpe, piece)[dec])
         if r.probs is not None:
             ent.append(binary_entropy_bits(r.probs[dec]))
+        if r.logprobs is not None and len(piece) > 1:
+            # byte i+1 starts a chunk where byte i ends one (decided ends only: not the last byte)
+            surprisal.append(-np.asarray(r.logprobs[1:len(piece)], dtype=float) / math.log(2))
+            starts.append(ends[: len(piece) - 1])
     pred = np.concatenate(pred_all) if pred_all else np.zeros(0, bool)
     ws = np.concatenate(ws_all) if ws_all else np.zeros(0, bool)
     wp, wr, _ = prf(pred, ws)
@@ -141,7 +149,9 @@ def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_ma
         mean_chunk_bytes=n_bytes / max(1, n_chunks), whitespace_recall=wr, whitespace_precision=wp,
         bpe_precision=bp, bpe_recall=br, bpe_f1=bf,
         entropy_bits=float(ent_all.mean()) if len(ent_all) else float("nan"),
-        bpb=nll / (max(1, n_bytes) * math.log(2)), chunk_hist=hist.tolist())
+        bpb=nll / (max(1, n_bytes) * math.log(2)), chunk_hist=hist.tolist(),
+        **boundary_enrichment(np.concatenate(surprisal) if surprisal else np.zeros(0),
+                              np.concatenate(starts) if starts else np.zeros(0, bool)))
 
 
 # -- UDHR across languages ------------------------------------------------------------------------

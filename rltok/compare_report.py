@@ -23,6 +23,7 @@ from .evaluate import standard_error
 from .flops import format_flops
 
 _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "word_start_recall", "bpe_precision", "bpe_recall", "bpe_f1",
+              "boundary_enrichment", "start_surprisal_ratio",
               "train_rate", "flops_per_byte", "train_flops", "bytes_per_s", "params", "train_bytes",
               "corpus_bpb")
 

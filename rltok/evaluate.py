@@ -44,6 +44,8 @@ class EvalResult:
     scoring: str = "first"  # "first": each document's first seq_len bytes; "whole:STRIDE": all of it
     per_doc_bpb: list[float] = field(default_factory=list)
     word_start_recall: float = float("nan")  # boundaries on the first byte of words (see objectives)
+    boundary_enrichment: float = float("nan")  # see boundary_enrichment()
+    start_surprisal_ratio: float = float("nan")
 
     def to_dict(self, per_doc: bool = False) -> dict:
         d = asdict(self)
@@ -69,6 +71,30 @@ def paired_difference(a, b) -> dict[str, float]:
     se = standard_error(d)
     return {"diff": float(d.mean()) if len(d) else float("nan"), "se": se,
             "z": float(d.mean() / se) if se and math.isfinite(se) else float("nan"), "n": int(len(d))}
+
+
+ENRICHMENT_TOP = 0.2  # the fraction of most surprising bytes that boundary enrichment looks at
+
+
+def boundary_enrichment(surprisal: np.ndarray, starts: np.ndarray, top: float = ENRICHMENT_TOP) -> dict[str, float]:
+    """How strongly chunk starts sit on hard-to-predict bytes (after SOMBRERO's boundary
+    enrichment, arXiv 2601.22805; router-agnostic: only the boundaries and the per-byte surprisal
+    are needed). Over the bytes where the method decided whether a chunk starts:
+
+        boundary_enrichment   = P(chunk start | byte among the ``top`` most surprising) / P(chunk start)
+        start_surprisal_ratio = mean surprisal of chunk-start bytes / mean surprisal of all bytes
+
+    Both are 1 when starts ignore surprisal and above 1 when they concentrate on surprising
+    bytes. (rltok's normalisation; SOMBRERO's own may differ.) Ties at the threshold count in
+    the top set."""
+    s = np.asarray(surprisal, dtype=float)
+    st = np.asarray(starts, dtype=bool)
+    if s.size == 0 or not st.any() or st.all():
+        return {"boundary_enrichment": float("nan"), "start_surprisal_ratio": float("nan")}
+    thr = np.quantile(s, 1.0 - top)
+    hi = s >= thr
+    return {"boundary_enrichment": float(st[hi].mean() / st.mean()),
+            "start_surprisal_ratio": float(s[st].mean() / s.mean()) if s.mean() > 0 else float("nan")}
 
 
 def autocast_for(device: torch.device, dtype: str):
@@ -117,6 +143,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
 
         batches = tqdm(batches, total=n_batches, desc="eval", unit="batch")
     k_samples = 1 if mode == "greedy" else samples
+    surprisal, starts = [], []  # sample 0: per decided byte (for boundary_enrichment)
     for idx, windows, batch in batches:
         batch = batch.to(device)
         scored = batch.targets >= 0
@@ -135,6 +162,12 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                 c = boundary_counts(batch.ids, out.boundaries, valid, dec)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)
+                if k == 0:
+                    # a boundary at input position t (byte t-1 ends a chunk) starts a chunk at
+                    # byte t, the target at t, whose surprisal is nll[t]
+                    m = (dec & valid).cpu().numpy()
+                    surprisal.append(out.nll.float().cpu().numpy()[m] / LN2)
+                    starts.append(out.boundaries.bool().cpu().numpy()[m])
     model.train(was_training)
     per_doc = nll_doc / (np.maximum(bytes_doc, 1) * LN2)
     se = standard_error(per_doc)
@@ -144,5 +177,8 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         bpb=float(per_doc.mean()) if n_docs else float("nan"), bpb_se=se,
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
-        whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"], docs=n_docs, bytes=int(bytes_doc.sum()),
+        whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"],
+        **boundary_enrichment(np.concatenate(surprisal) if surprisal else np.zeros(0),
+                              np.concatenate(starts) if starts else np.zeros(0, bool)),
+        docs=n_docs, bytes=int(bytes_doc.sum()),
         samples=k_samples, mode=mode, scoring=f"whole:{stride}" if whole else "first", per_doc_bpb=[float(x) for x in per_doc])

@@ -137,3 +137,41 @@ def test_lm_eval_metadata_names_the_checkpoint(unfinished):
     run, ck = unfinished
     info = RltokLM(path=str(run)).get_model_info()
     assert info["rltok_checkpoint"] == f"checkpoints/{ck}" and info["rltok_finished"] is False
+
+
+def test_boundary_enrichment_hand_worked():
+    from rltok.evaluate import boundary_enrichment
+
+    s = np.arange(1, 11, dtype=float)  # surprisal 1..10 bits
+    starts = np.zeros(10, bool)
+    starts[[8, 9]] = True  # chunks start on the two most surprising bytes
+    d = boundary_enrichment(s, starts, top=0.2)
+    assert d["boundary_enrichment"] == pytest.approx(1.0 / 0.2)
+    assert d["start_surprisal_ratio"] == pytest.approx(9.5 / 5.5)
+    starts = np.zeros(10, bool)
+    starts[[0, 1]] = True  # on the two least surprising: none in the top fifth
+    assert boundary_enrichment(s, starts, top=0.2)["boundary_enrichment"] == 0.0
+    assert np.isnan(boundary_enrichment(s, np.zeros(10, bool))["boundary_enrichment"])
+
+
+def test_enrichment_in_eval_is_aligned_with_the_bytes_chunks_start_on(smoke_runs, one_thread):
+    """eval's enrichment equals the one computed from rltok.score's per-byte log-probs and
+    boundaries (byte i ends a chunk -> byte i+1 starts one), on the same draws."""
+    import rltok
+    from rltok.evaluate import boundary_enrichment
+
+    model = load_model(smoke_runs["rl"])
+    S = model.run_config.model.seq_len
+    docs = [b"The city council met on Tuesday to talk about the park. " * 2, b"A short one here."]
+    ev = evaluate_corpus(model, Corpus.from_docs(docs), S, dtype="fp32", batch_size=2)
+    sur, st = [], []
+    res = rltok.score(model, [d[:S] for d in docs], seed=0)
+    for lp, b in zip(res.logprobs, res.boundaries):
+        n = len(lp)
+        # byte i ends a chunk -> byte i+1 starts one; the decided ends are those of bytes
+        # 0..n-3 (byte n-2 is the last input, a forced end; BOS's is forced too)
+        sur.append(-lp[1:n - 1] / np.log(2))
+        st.append(b[: n - 2])
+    want = boundary_enrichment(np.concatenate(sur), np.concatenate(st))
+    assert ev.boundary_enrichment == pytest.approx(want["boundary_enrichment"], rel=1e-4)
+    assert ev.start_surprisal_ratio == pytest.approx(want["start_surprisal_ratio"], rel=1e-4)
