@@ -50,6 +50,9 @@ class ModelConfig:
     # pad the chunk count to a multiple: fewer distinct shapes for the main network's attention
     # (the CPU's per-shape kernel cache, torch.compile); the padding chunks cost attention only
     chunk_pad_multiple: int = 8
+    # one output head for the early exit and the final prediction (the authors' option); the
+    # paper deep-copies the head instead
+    shared_head: bool = False
 
     def validate(self) -> None:
         _check(self.d_model >= 1, "model.d_model must be >= 1")
@@ -73,10 +76,15 @@ class BoundaryConfig:
     target_rate: float = 0.2  # r*: boundaries per byte (about 5 bytes per chunk)
     lm_weight: float = 1.0  # weight of the final head's cross-entropy
     early_weight: float = 0.0  # weight of the early-exit head's cross-entropy
+    # what a chunk adds to its bytes: add (zhat, the paper) or deviation (zhat - z: the main
+    # network's change to the chunk vector, the authors' DistributeDeviationUpsampler)
+    upsample: str = "add"
 
     def validate(self) -> None:
         _check(0.0 < self.target_rate < 1.0,
                f"boundary.target_rate={self.target_rate} must be in (0, 1)")
+        _check(self.upsample in ("add", "deviation"),
+               f"boundary.upsample={self.upsample!r} must be add or deviation")
         _check(self.lm_weight >= 0 and self.early_weight >= 0, "boundary.*_weight must be >= 0")
 
 
@@ -245,6 +253,7 @@ VERSION_KEYS = ("rltok_version", "format_version")
 ADDED_KEYS: dict[str, int] = {
     "train.log_to": 2, "train.wandb_project": 2, "boundary.rate_schedule": 2, "boundary.flop_price": 2,
     "boundary.prescribed": 2, "boundary.warm_start_bytes": 2, "boundary.is_clip": 2,
+    "boundary.upsample": 2, "boundary.pool": 2, "model.shared_head": 2,
 }
 
 

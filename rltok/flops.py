@@ -62,7 +62,9 @@ def _matmul_params(mods) -> int:
 def unet_flops(model: nn.Module, cfg: RunConfig, rate: float) -> FlopCount:
     mc = cfg.model
     d, S = mc.d_model, mc.seq_len
-    per_byte = _matmul_params([*model.encoder, *model.decoder, model.head, model.early_head, model.boundary])
+    # a shared head is applied twice per byte (early exit and final prediction)
+    heads = [model.head, model.head] if model.cfg.shared_head else [model.head, model.early_head]
+    per_byte = _matmul_params([*model.encoder, *model.decoder, *heads, model.boundary])
     per_chunk = _matmul_params(list(model.main))
     matmul = 6 * (per_byte + rate * per_chunk)
     n_byte_layers = len(model.encoder) + len(model.decoder)

@@ -198,8 +198,10 @@ def step(model: nn.Module, state: InferenceState, ids: Tensor, *, noise: Tensor 
         z = model.boundary.downsample_step(h, bs)[rows][:, None]
         zpos = pos[rows]
         zcos, zsin = rope_angles(zpos[:, None], hd, cfg.rope_theta)
+        zin = z
         for blk, c in zip(model.main, state.main):
             z = blk.step(z, zcos, zsin, c, zpos, rows)
+        z = model.boundary.chunk_output(z, zin)
         state.pending = state.pending.index_copy(0, rows, z[:, 0].to(state.pending.dtype))
     u = model.boundary.upsample_step(h, state.pending, bs)[:, None]
     for blk, c in zip(model.decoder, state.decoder):
@@ -475,7 +477,7 @@ def generate(model: nn.Module, prompts: str | bytes | Sequence[str | bytes], max
     _check_args(max_new_bytes, temperature, top_p, top_k, boundary_mode, stops)
     bmod = model.boundary
     name = getattr(bmod, "name", type(bmod).__name__)
-    if cache and not type(bmod).can_decode():
+    if cache and not bmod.decodable():
         raise RltokError(f"boundary method {name!r} cannot decode from caches (its boundaries are not "
                          f"decided byte by byte from the past); use cache=False (--no-cache) to re-run "
                          f"the full model for every byte")

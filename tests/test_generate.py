@@ -31,6 +31,8 @@ def _model(method="rl", **over):
         for p in m.parameters():
             if p.dim() >= 2:
                 p.mul_(3.0)
+                if not p.any():  # zero-initialised parts (the rate embedding) must matter too
+                    p.normal_(0, 0.3)
     return m.eval()
 
 
@@ -45,11 +47,17 @@ def _decodable():
             out.append((name, {}))
             if name == "rl":
                 out.append((name, {"boundary.window": 4}))
+                # the authors' options that change what decoding carries
+                out.append((name, {"boundary.upsample": "deviation"}))
+                out.append((name, {"model.shared_head": True}))
+                out.append((name, {"boundary.rate_schedule": "uniform:0.1:0.3"}))
+            if name == "uniform":
+                out.append((name, {"boundary.upsample": "deviation"}))
     return out
 
 
 DECODABLE = _decodable()
-IDS = [f"{m}{'-w' + str(o['boundary.window']) if o else ''}" for m, o in DECODABLE]
+IDS = [m + "".join(f"-{k.split('.')[-1]}={v}" for k, v in o.items()) for m, o in DECODABLE]
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -167,5 +167,67 @@ def test_warm_start_surrogate_is_importance_weighted():
     rho = est.importance_ratio(bo.log_prob, bo.hard.bool(), 0.2, bo.decided, 3.0)
     assert (rho[bo.decided] != 1).all() and rho.max() <= 3.0
     want = est.policy_gradient_surrogate(G * rho, bo.log_prob, mask)
-    assert float(stats["pg_loss"]) == pytest.approx(float(want), rel=1e-5)
-    assert float(stats["pg_loss"]) != pytest.approx(float(est.policy_gradient_surrogate(G, bo.log_prob, mask)), rel=1e-3)
+    assert float(stats["pg_loss"]) == pytest.approx(float(want.detach()), rel=1e-5)
+    assert float(stats["pg_loss"]) != pytest.approx(float(est.policy_gradient_surrogate(G, bo.log_prob, mask).detach()), rel=1e-3)
+
+
+def test_deviation_upsampler_hands_back_only_the_main_networks_change():
+    """upsample=deviation adds zhat - z to the bytes: with an identity main network (no layers)
+    the chunks add nothing, so the prediction cannot depend on the boundaries; with add it does."""
+    ids = torch.randint(0, 256, (2, 40))
+    b1 = torch.rand(2, 40) < 0.2
+    b2 = torch.rand(2, 40) < 0.5
+    for up, same in (("deviation", True), ("add", False)):
+        torch.manual_seed(0)
+        cfg = build_config("rl", "smoke", overrides={"boundary.upsample": up, "model.main_layers": 0})
+        m = build_model(cfg).eval()
+        with torch.no_grad():
+            a, b = m(ids, boundaries=b1).logits, m(ids, boundaries=b2).logits
+        assert torch.allclose(a, b) == same, up
+
+
+def test_shared_head_is_one_head_applied_twice():
+    from rltok.flops import unet_flops
+
+    shared = build_model(build_config("rl", "smoke", overrides={"model.shared_head": True}))
+    own = build_model(build_config("rl", "smoke"))
+    assert not any(k.startswith("early_head") for k in shared.state_dict())
+    assert shared.exit_head is shared.head and own.exit_head is own.early_head
+    ids = torch.randint(0, 256, (2, 30))
+    with torch.no_grad():
+        out = shared(ids)
+        torch.testing.assert_close(out.early_logits, shared.head(shared.early_norm(out.hidden)))
+    # the same FLOPs per byte: the head still runs twice per byte; one head's parameters fewer
+    cfg = build_config("rl", "smoke")
+    assert unet_flops(shared, cfg, 0.2).per_byte == unet_flops(own, cfg, 0.2).per_byte
+    n_head = sum(p.numel() for p in own.early_head.parameters())
+    assert sum(p.numel() for p in own.parameters()) - sum(p.numel() for p in shared.parameters()) == n_head
+
+
+def test_mean_pooling_under_rl(tmp_path):
+    from rltok.errors import RltokError
+    from rltok.generate import generate
+    from rltok.model.chunking import chunk_indices, mean_pool
+
+    m = _model(pool="mean").eval()
+    ids = torch.randint(0, 256, (2, 30))
+    b = torch.rand(2, 30) < 0.3
+    b[:, 0] = True
+    b[:, -1] = True
+    h = m.encode(ids)[0]
+    out = m.boundary(h, ids, valid=torch.ones_like(b), fixed=b)
+    ch = chunk_indices(out.b, m.cfg.chunk_pad_multiple)
+    torch.testing.assert_close(m.boundary.downsample(h, out, ch), mean_pool(h, ch))
+    assert not m.boundary.decodable() and _model().boundary.decodable()
+    with pytest.raises(RltokError, match="cannot decode from caches"):
+        generate(m, ["The"], 4, seed=1)
+    assert len(generate(m, ["The"], 4, seed=1, cache=False)[0].sampled) == 4
+
+
+def test_bad_part_options_are_one_line():
+    from rltok.errors import RltokError
+
+    with pytest.raises(RltokError, match="add or deviation"):
+        build_config("uniform", "smoke", overrides={"boundary.upsample": "ema"})
+    with pytest.raises(RltokError, match="last or mean"):
+        build_config("rl", "smoke", overrides={"boundary.pool": "max"})

@@ -102,6 +102,17 @@ class BoundaryModule(nn.Module):
     def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
         return h + gather_up(zhat, chunks)
 
+    def chunk_output(self, zhat: Tensor, z: Tensor) -> Tensor:
+        """What a chunk hands back to its bytes, from the main network's output ``zhat`` and its
+        input ``z`` (any shape, the same for both): zhat, or zhat - z with boundary.upsample=deviation.
+        Used by the forward pass and by decoding alike."""
+        return zhat - z.to(zhat.dtype) if self.cfg.upsample == "deviation" else zhat
+
+    def decodable(self) -> bool:
+        """Whether this instance decodes from caches (``can_decode``, and no option that needs a
+        state the method's ``step`` does not keep)."""
+        return type(self).can_decode()
+
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         return ctx.ce.new_zeros(()), {}
 

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from ..config import BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
-from ..model.chunking import decided_mask, force_ends
+from ..model.chunking import decided_mask, force_ends, mean_pool
 from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
                    bernoulli_entropy, bernoulli_log_prob, register, unet_builder)
 
@@ -65,12 +65,17 @@ class PolicyConfig(BoundaryConfig):
     init_scale: float = 1.0
     # "" (fixed at target_rate) or a schedule of rates to train at, e.g. uniform:0.1:0.3 (rltok/rates.py)
     rate_schedule: str = ""
+    # how a chunk's vector is made from its bytes: last (the paper: the chunk's last byte) or
+    # mean (the authors' AverageTokenDownsampler; decoding then re-runs the model: --no-cache)
+    pool: str = "last"
 
     def validate(self) -> None:
         super().validate()
         from ..rates import parse_schedule
 
         parse_schedule(self.rate_schedule, self.target_rate)
+        if self.pool not in ("last", "mean"):
+            raise RltokError(f"boundary.pool={self.pool!r} must be last or mean")
         if self.window < 1:
             raise RltokError(f"boundary.window={self.window} must be >= 1")
         if not (0.0 < self.gamma <= 1.0):
@@ -189,7 +194,12 @@ class BoundaryPolicy(BoundaryModule):
         return h if e is None else h + e
 
     def downsample(self, h: Tensor, out: BoundaryOutput, chunks) -> Tensor:
-        return self._conditioned(super().downsample(h, out, chunks))
+        z = mean_pool(h, chunks) if self.cfg.pool == "mean" else super().downsample(h, out, chunks)
+        return self._conditioned(z)
+
+    def decodable(self) -> bool:
+        # a mean-pooled chunk needs the running sum of its bytes, which step does not keep
+        return self.cfg.pool == "last" and super().decodable()
 
     def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
         return self._conditioned(super().downsample_step(h, step))

@@ -61,8 +61,14 @@ class ByteUNet(nn.Module, HubMixin):
         self.norm = RMSNorm(d, eps) if cfg.head_norm else nn.Identity()
         self.head = nn.Linear(d, N_OUTPUT_IDS)
         self.early_norm = RMSNorm(d, eps) if cfg.head_norm else nn.Identity()
-        self.early_head = nn.Linear(d, N_OUTPUT_IDS)
-        self.early_head.load_state_dict(self.head.state_dict())  # the paper deep-copies the head
+        if not cfg.shared_head:
+            self.early_head = nn.Linear(d, N_OUTPUT_IDS)
+            self.early_head.load_state_dict(self.head.state_dict())  # the paper deep-copies the head
+
+    @property
+    def exit_head(self) -> nn.Linear:
+        """The early exit's output layer: its own copy, or the final head (model.shared_head)."""
+        return self.head if self.cfg.shared_head else self.early_head
 
     @property
     def head_dim(self) -> int:
@@ -106,12 +112,12 @@ class ByteUNet(nn.Module, HubMixin):
         bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
         chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
         z = self.boundary.downsample(h, bo, chunks)
-        zhat = self.run_main(z, chunks.positions, on_kv, chunks.valid)
+        zhat = self.boundary.chunk_output(self.run_main(z, chunks.positions, on_kv, chunks.valid), z)
         u = self.boundary.upsample(h, zhat, bo, chunks)
         for i, blk in enumerate(self.decoder):
             u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
         logits = self.head(self.norm(u))
-        early = self.early_head(self.early_norm(h))
+        early = self.exit_head(self.early_norm(h))
         return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks,
                           hidden=h, zhat=zhat)
 
@@ -128,6 +134,7 @@ class ByteUNet(nn.Module, HubMixin):
         def count(mods) -> int:
             return sum(p.numel() for m in mods for n, p in m.named_parameters() if p.dim() >= 2)
 
-        per_byte = count(list(self.encoder) + list(self.decoder) + [self.head, self.early_head, self.boundary])
+        heads = [self.head, self.head] if self.cfg.shared_head else [self.head, self.early_head]  # applied twice
+        per_byte = count(list(self.encoder) + list(self.decoder) + heads + [self.boundary])
         per_chunk = count(list(self.main))
         return per_byte, per_chunk
