@@ -246,14 +246,15 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
 ADDED_KEYS: dict[str, int] = {
-    "train.log_to": 2, "train.wandb_project": 2, "boundary.rate_schedule": 2, "boundary.flop_price": 2,
-    "boundary.prescribed": 2, "boundary.warm_start_bytes": 2, "boundary.is_clip": 2,
-    "boundary.upsample": 2, "boundary.pool": 2, "model.shared_head": 2,
+    "train.log_to": 2, "train.wandb_project": 2,
+    "boundary.rate_schedule": 3, "boundary.flop_price": 3, "boundary.prescribed": 3,
+    "boundary.warm_start_bytes": 3, "boundary.is_clip": 3, "boundary.upsample": 3, "boundary.pool": 3,
+    "model.shared_head": 3,
 }
 
 

@@ -137,24 +137,28 @@ def test_runs_from_before_versions_still_open(smoke_runs, tmp_path):
     assert rltok.load(run).run_config.boundary.init_scale == 1.0
 
 
-def test_format_1_runs_open_without_the_keys_added_in_format_2(smoke_runs, tmp_path):
-    """A key added in a later format takes its default in an older run; in a run of the format
-    that added it, its absence is still named."""
+@pytest.mark.parametrize("fmt", [1, 2])
+def test_older_formats_open_without_the_keys_added_since(smoke_runs, tmp_path, fmt):
+    """A key added in a later format takes its default in an older run; a key its own format
+    already had is still named when missing."""
     import rltok
-    from rltok.config import ADDED_KEYS
+    from rltok.config import ADDED_KEYS, FORMAT_VERSION
 
-    assert ADDED_KEYS and max(ADDED_KEYS.values()) >= 2
-    run = tmp_path / "v1"
+    assert FORMAT_VERSION > fmt
+    run = tmp_path / f"v{fmt}"
     shutil.copytree(smoke_runs["rl"], run)
+    later = [k for k, v in ADDED_KEYS.items() if v > fmt]
+    assert later
 
-    def format1(d):
-        d["format_version"] = 1
-        for key in ADDED_KEYS:
+    def older(d):
+        d["format_version"] = fmt
+        for key in later:
             sec, name = key.split(".")
             d[sec].pop(name)
 
-    _edit(run, format1)
-    assert rltok.load(run).run_config.train.log_to == ""
-    _edit(run, lambda d: d.update(format_version=2))
+    _edit(run, older)
+    cfg = rltok.load(run).run_config
+    assert cfg.boundary.rate_schedule == "" and cfg.model.shared_head is False
+    _edit(run, lambda d: d.update(format_version=FORMAT_VERSION))
     with pytest.raises(RltokError, match="missing key"):
         rltok.load(run)
