@@ -117,3 +117,23 @@ def test_encode_long_text_with_the_policy_covers_the_text(run_dir):
     # the first window's boundaries are those of the text's start on its own
     head = rltok.encode(model, text[:40], mode="sample", seed=2)
     assert enc.boundaries[:39].tolist() == head.boundaries[:39].tolist()
+
+
+def test_readme_python_examples_run(run_dir, tmp_path, monkeypatch):
+    """The README's Python API and model-sharing examples run as written (on a smoke run in
+    place of runs/tiny; push_to_hub, which needs the network, is left out)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    blocks = []
+    for title in ("## Python API", "### Sharing models"):
+        section = readme[readme.index(title):]
+        blocks.append(re.search(r"```python\n(.*?)```", section, re.S).group(1))
+    code = "\n".join(blocks).replace('"runs/tiny"', repr(str(run_dir)))
+    code = "\n".join(line for line in code.splitlines() if "push_to_hub" not in line)
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert isinstance(namespace["enc"], rltok.Encoding)
+    assert (tmp_path / "export" / "tiny-rl" / "README.md").is_file()
