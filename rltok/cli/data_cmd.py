@@ -24,7 +24,7 @@ def _add_prepare(actions) -> None:
                "--max-bytes-total 20G --test-docs 4000 | rltok data prepare 'files/*.parquet' --out data/mine",
         formatter_class=HelpFormatter)
     p.add_argument("source", help="hf:NAME[:CONFIG] (a hub dataset), or a file, directory or glob of "
-                                  "parquet/jsonl/json/txt files, or a built-in corpus (stdlib, english)")
+                                  "parquet/jsonl/json/txt files, or a built-in corpus (stdlib, english, multilingual, multilingual-heldout)")
     p.add_argument("--out", required=True, help="directory to create (or to resume)")
     p.add_argument("--min-bytes", type=int, default=4096,
                    help="keep documents of at least this many bytes (the paper: 4096)")

@@ -24,7 +24,7 @@ def register(sub) -> None:
                    help=f"named settings applied after the preset (docs/recipes.md): {', '.join(RECIPES)}")
     p.add_argument("--data", default=None,
                    help="data source: file, directory, glob, prepared directory, or built-in "
-                        "(stdlib, english); default: the preset's (tiny: english, or stdlib where the "
+                        "(stdlib, english, multilingual, multilingual-heldout); default: the preset's (tiny: english, or stdlib where the "
                         "package registries it is fetched from cannot be reached; others: stdlib)")
     p.add_argument("--out", help="run directory to create (or continue with --resume)")
     length = p.add_mutually_exclusive_group()

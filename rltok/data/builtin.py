@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import RltokError
 
-BUILTINS = ("stdlib", "english")
+BUILTINS = ("stdlib", "english", "multilingual", "multilingual-heldout")
 
 _STDLIB_SKIP = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages"}
 
@@ -191,4 +191,8 @@ def load_builtin(name: str) -> list[bytes]:
         return stdlib_docs()
     if name == "english":
         return english_docs()
+    if name in ("multilingual", "multilingual-heldout"):
+        from . import multilingual
+
+        return multilingual.docs(name)
     raise RltokError(f"unknown built-in corpus {name!r} ({', '.join(BUILTINS)})")

@@ -1,0 +1,104 @@
+"""The built-in multilingual corpora: roff and HTML conversion per script family, the cache, the
+offline errors (and, marked slow, the real fetch)."""
+
+import shutil
+
+import pytest
+
+from rltok.data import multilingual as ml
+from rltok.errors import RltokError
+
+# real page openings from Debian's manpages-{de,ru,ja,el} (coreutils, netatalk, bison), as roff
+ROFF = {
+    "Latin": (".TH LS 1 \"September 2022\" \"GNU coreutils 9.1\" \"Dienstprogramme für Benutzer\"\n"
+              ".SH BEZEICHNUNG\nls \\- Verzeichnisinhalte auflisten\n.SH BESCHREIBUNG\n.PP\n"
+              "Auflistung von Informationen über die DATEIen (Standardvorgabe ist das\n"
+              "aktuelle Verzeichnis). Die Einträge werden \\fBalphabetisch\\fP sortiert.\n",
+              ["ls - Verzeichnisinhalte auflisten", "Die Einträge werden alphabetisch sortiert."]),
+    "Cyrillic": (".TH CAT 1\n.SH ИМЯ\ncat \\- объединяет файлы и направляет их на стандартный вывод\n"
+                 ".SH СИНТАКСИС\n\\fBcat\\fP [\\fIПАРАМЕТР\\fP]... [\\fIФАЙЛ\\fP]...\n",
+                 ["ИМЯ", "cat - объединяет файлы и направляет их на стандартный вывод", "cat [ПАРАМЕТР]... [ФАЙЛ]..."]),
+    "CJK": (".TH ACHFILE 1\n.SH 名前\nachfile \\- Apple Macintosh ファイルのタイプとクリエータを変更する\n",
+            ["名前", "achfile - Apple Macintosh ファイルのタイプとクリエータを変更する"]),
+    "Greek": (".TH BISON 1\n.SH ΟΝΟΜΑ\nbison \\- GNU Project parser generator\n.SH ΠΕΡΙΓΡΑΦΗ\n"
+              "Ο \\fBbison\\fP είναι ένας γεννήτορας συντακτικών αναλυτών.\n",
+              ["ΟΝΟΜΑ", "ΠΕΡΙΓΡΑΦΗ", "Ο bison είναι ένας γεννήτορας συντακτικών αναλυτών."]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(ROFF))
+def test_roff_pages_become_plain_text(script):
+    if shutil.which("groff") is None:
+        pytest.skip("groff is not installed")
+    roff, want = ROFF[script]
+    text = ml.roff_to_text(roff.encode())
+    lines = [ln.strip() for ln in text.splitlines()]
+    for w in want:
+        assert w in lines, (w, text)
+    assert "\\f" not in text and ".SH" not in text and "\x08" not in text and "\x1b" not in text
+    assert "  " not in text.strip().replace("\n       ", "\n")  # no justification spaces
+
+
+def test_docbook_html_becomes_text_without_navigation():
+    page = """<html><head><title>Kapitel 3</title><style>p {}</style></head><body>
+    <div class="navheader"><table><tr><th>Kapitel 3. Navigation</th></tr></table></div>
+    <div class="chapter"><h1 class="title">Kapitel 3. Die Systeminitialisierung</h1>
+    <p>Es ist  klug, <a href="x">grob</a> zu wissen,
+       wie das System startet.</p><pre>$ ls  -l
+  eingerückt</pre><script>var x = 1;</script></div>
+    <div class="navfooter"><p>Zurück</p></div></body></html>"""
+    text = ml.html_to_text(page)
+    assert text.splitlines()[0] == "Kapitel 3. Die Systeminitialisierung"
+    assert "Es ist klug, grob zu wissen, wie das System startet." in text.splitlines()
+    assert "$ ls  -l\n  eingerückt" in text.replace("\n\n", "\n")  # preformatted text kept as it is
+    assert "Navigation" not in text and "Zurück" not in text and "var x" not in text and "p {}" not in text
+
+
+def test_the_cache_is_read_without_fetching(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTOK_CACHE", str(tmp_path))
+    root = tmp_path / ml.VERSION
+    ml.write_cached(root / "multilingual", [("de", "Grüße".encode()), ("ja", "名前".encode())])
+    ml.write_cached(root / "multilingual-heldout", [("en", b"Chapter 3.")])
+    monkeypatch.setattr(ml, "fetch", lambda dest: pytest.fail("fetched although cached"))
+    from rltok.data.builtin import load_builtin
+
+    assert load_builtin("multilingual") == ["Grüße".encode(), "名前".encode()]
+    assert ml.languages("multilingual") == ["de", "ja"] and load_builtin("multilingual-heldout") == [b"Chapter 3."]
+    (root / "multilingual" / "data.npy").write_bytes(b"broken")
+    with pytest.raises(RltokError, match="damaged cache"):
+        ml.docs("multilingual")
+
+
+def test_unreachable_registry_is_one_line(tmp_path, monkeypatch, capsys):
+    """A registry that cannot be reached: apt-get fails (a stand-in on PATH that fails as apt-get
+    does offline), and without apt-get at all; `rltok train` says so in one line."""
+    monkeypatch.setenv("RLTOK_CACHE", str(tmp_path / "cache"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "apt-get"
+    fake.write_text("#!/bin/sh\necho 'E: Failed to fetch http://deb.debian.org/ Temporary failure resolving' >&2\nexit 100\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    with pytest.raises(RltokError, match="apt-get download failed .*Temporary failure resolving"):
+        ml.docs("multilingual")
+    fake.unlink()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    with pytest.raises(RltokError, match="apt-get not found"):
+        ml.docs("multilingual")
+    from rltok.cli import main
+
+    assert main(["train", "--preset", "smoke", "--data", "multilingual", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: built-in corpus 'multilingual': apt-get not found")
+
+
+@pytest.mark.slow
+def test_the_real_corpus_has_every_language_and_held_out_parallel_chapters():
+    train, held = ml.docs("multilingual"), ml.docs("multilingual-heldout")
+    langs, held_langs = ml.languages("multilingual"), ml.languages("multilingual-heldout")
+    assert len(langs) == len(train) and len(held_langs) == len(held)
+    assert set(ml.MAN_LANGUAGES) | {"zh-cn", "zh-tw"} <= set(langs)
+    assert sorted(held_langs) == sorted(list(ml.REFERENCE_LANGUAGES) * len(ml.HELDOUT_CHAPTERS))
+    assert not set(held) & set(train)  # the held-out chapters are no training document
+    for lang, marker in (("ru", "ИМЯ"), ("ja", "名前"), ("el", "ΟΝΟΜΑ"), ("de", "BEZEICHNUNG")):
+        assert any(marker in d.decode() for d, lg in zip(train, langs) if lg == lang), lang
