@@ -73,14 +73,13 @@ class MetricsLog:
     TensorBoard (RUN/tensorboard/, through ``torch.utils.tensorboard``) and Weights & Biases
     (``wandb``, files under RUN/wandb/), tagged ``train/<key>`` or ``<event>/<key>``."""
 
-    def __init__(self, path: Path, enabled: bool, cfg: RunConfig | None = None):
+    def __init__(self, path: Path, enabled: bool):
         self.path, self.enabled = path, enabled
         self.sinks: list[Any] = []
-        self._cfg = cfg
 
-    def open_sinks(self, resume: bool) -> None:
+    def open_sinks(self, cfg: RunConfig, resume: bool) -> None:
         """Start the optional loggers (after the run directory exists and the resume point is known)."""
-        targets = [x.strip() for x in (self._cfg.train.log_to if self._cfg else "").split(",") if x.strip()]
+        targets = [x.strip() for x in cfg.train.log_to.split(",") if x.strip()]
         if not self.enabled or not targets:
             return
         run_dir = self.path.parent
@@ -101,8 +100,8 @@ class MetricsLog:
             import hashlib
 
             run_id = hashlib.sha1(str(run_dir.resolve()).encode()).hexdigest()[:16]
-            self.sinks.append(_WandbSink(wandb.init(project=self._cfg.train.wandb_project, name=run_dir.name,
-                                                    id=run_id, dir=str(run_dir), config=self._cfg.to_dict(),
+            self.sinks.append(_WandbSink(wandb.init(project=cfg.train.wandb_project, name=run_dir.name,
+                                                    id=run_id, dir=str(run_dir), config=cfg.to_dict(),
                                                     resume="allow" if resume else None)))
 
     def close(self) -> None:
@@ -296,7 +295,7 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
     out = Path(out)
     info = init_distributed(cfg.train.device)
     lock = RunLock(out)
-    log = MetricsLog(out / METRICS, info.is_main, cfg)
+    log = MetricsLog(out / METRICS, info.is_main)
     try:
         if info.is_main:
             # lock before looking at RUN: a second training of the same run is refused
@@ -310,7 +309,6 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
                 ckpt.remove_stale_temporaries(out)  # what a killed writer left behind
         cfg = prepare_run_dir(cfg, out, resume)
         info.barrier()  # every rank has looked at RUN before rank 0 writes into it
-        log._cfg = cfg
         return _train(cfg, out, info, log, resume=resume, progress=progress, splits=splits,
                       stop_at_step=stop_at_step)
     finally:
@@ -371,7 +369,7 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
             warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes"
                  f"{'' if state.get('world_size', info.world) == info.world else ', saved with %d processes, now %d' % (state['world_size'], info.world)})")
 
-    log.open_sinks(resume)
+    log.open_sinks(cfg, resume)
     if t.compile:
         compile_blocks(model)
     fwd: nn.Module = wrap_data_parallel(model, cfg, info) if info.enabled else model
