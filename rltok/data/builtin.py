@@ -27,14 +27,11 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RltokError
+from .debs import ar_members as _ar_members, cache_dir  # noqa: F401  (cache_dir: used by rltok.tasks)
 
 BUILTINS = ("stdlib", "english", "multilingual", "multilingual-heldout")
 
 _STDLIB_SKIP = {"test", "tests", "idle_test", "__pycache__", "site-packages", "dist-packages"}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLTOK_CACHE", Path.home() / ".cache" / "rltok"))
 
 
 def stdlib_docs() -> list[bytes]:
@@ -64,19 +61,6 @@ _DEBS = {
 }
 _GUTENBERG_START = (b"*** START OF", b"***START OF", b"*END*THE SMALL PRINT")
 _GUTENBERG_END = (b"*** END OF", b"***END OF", b"End of the Project Gutenberg", b"End of Project Gutenberg")
-
-
-def _ar_members(blob: bytes):
-    """Members of an ``ar`` archive (the .deb container)."""
-    if not blob.startswith(b"!<arch>\n"):
-        raise RltokError("not a Debian package (bad ar header)")
-    pos = 8
-    while pos + 60 <= len(blob):
-        header = blob[pos:pos + 60]
-        name = header[:16].decode().strip().rstrip("/")
-        size = int(header[48:58].decode().strip())
-        yield name, blob[pos + 60:pos + 60 + size]
-        pos += 60 + size + (size & 1)
 
 
 def _deb_docs(deb: Path, prefix: str, exts: tuple[str, ...]) -> list[bytes]:

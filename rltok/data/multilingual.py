@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import RltokError
+from .debs import ar_members, cache_dir
 
 MAN_LANGUAGES = ("en", "de", "fr", "es", "it", "ja", "ru", "pl", "pt-br", "pt", "nl", "cs", "da", "el", "fi",
                  "hu", "id", "mk", "nb", "ro", "sr", "sv", "tr", "uk", "vi")
@@ -147,10 +148,8 @@ def _download(packages: list[str], where: Path) -> None:
 
 
 def _deb_files(deb: Path, prefix: str, suffix: tuple[str, ...]) -> list[tuple[str, bytes]]:
-    from .builtin import _ar_members
-
     found = []
-    for name, data in _ar_members(deb.read_bytes()):
+    for name, data in ar_members(deb.read_bytes()):
         if not name.startswith("data.tar"):
             continue
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
@@ -219,8 +218,6 @@ def write_cached(d: Path, docs: list[tuple[str, bytes]]) -> None:
 
 
 def _cache() -> Path:
-    from .builtin import cache_dir
-
     return cache_dir() / VERSION
 
 
