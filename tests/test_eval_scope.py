@@ -175,3 +175,24 @@ def test_enrichment_in_eval_is_aligned_with_the_bytes_chunks_start_on(smoke_runs
     want = boundary_enrichment(np.concatenate(sur), np.concatenate(st))
     assert ev.boundary_enrichment == pytest.approx(want["boundary_enrichment"], rel=1e-4)
     assert ev.start_surprisal_ratio == pytest.approx(want["start_surprisal_ratio"], rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["bytes", "bpe-lm"])
+def test_whole_scoring_of_the_flat_models(method, tmp_path, small_corpus_file, one_thread):
+    """The flat baselines under --whole: the same as first-window scoring on documents that fit,
+    and every byte of a longer one scored."""
+    from rltok.config import build_config
+    from rltok.train import train
+
+    cfg = build_config(method, "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 2,
+                                                   "train.eval_docs": 2})
+    train(cfg, tmp_path / method, progress=False)
+    m = load_model(tmp_path / method)
+    S = m.run_config.model.seq_len
+    short = [b"The city council met on Tuesday.", b"A short one here, under the context."]
+    a = evaluate_corpus(m, Corpus.from_docs(short), S, dtype="fp32")
+    b = evaluate_corpus(m, Corpus.from_docs(short), S, dtype="fp32", whole=True, stride=S // 2)
+    assert a.per_doc_bpb == pytest.approx(b.per_doc_bpb, abs=1e-5)
+    long = [b"The city council met on Tuesday to discuss the budget for the next year. " * 3]
+    c = evaluate_corpus(m, Corpus.from_docs(long), S, dtype="fp32", whole=True)
+    assert c.bytes == len(long[0]) and np.isfinite(c.bpb)
