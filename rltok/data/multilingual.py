@@ -20,7 +20,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -29,10 +28,8 @@ import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numpy as np
-
 from ..errors import RltokError
-from .debs import ar_members, cache_dir
+from .debs import ar_members, cache_dir, fetch_once, read_docs, write_docs
 
 MAN_LANGUAGES = ("en", "de", "fr", "es", "it", "ja", "ru", "pl", "pt-br", "pt", "nl", "cs", "da", "el", "fi",
                  "hu", "id", "mk", "nb", "ro", "sr", "sv", "tr", "uk", "vi")
@@ -200,53 +197,23 @@ def fetch(dest: Path) -> None:
                 raise RltokError(f"built-in corpus 'multilingual': debian-reference-{lang} was not downloaded")
             for ch, text in sorted(_reference_chapters(debs[0], lang).items()):
                 (held if ch in HELDOUT_CHAPTERS else train).append((lang, text))
-        tmp_dest = dest.with_name(dest.name + ".tmp")
-        shutil.rmtree(tmp_dest, ignore_errors=True)
-        tmp_dest.mkdir(parents=True)
         for name, docs in (("multilingual", train), ("multilingual-heldout", held)):
-            write_cached(tmp_dest / name, docs)
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp_dest, dest)
+            write_cached(dest / name, docs)
 
 
 def write_cached(d: Path, docs: list[tuple[str, bytes]]) -> None:
-    d.mkdir(parents=True, exist_ok=True)
-    lens = np.array([len(b) for _, b in docs], dtype=np.int64)
-    np.save(d / "offsets.npy", np.concatenate([[0], np.cumsum(lens)]))
-    np.save(d / "data.npy", np.frombuffer(b"".join(b for _, b in docs), dtype=np.uint8))
+    """(language, document) pairs: the documents (``write_docs``) and ``languages.json``."""
+    write_docs(d, [b for _, b in docs])
     (d / "languages.json").write_text(json.dumps([lang for lang, _ in docs]))
 
 
-def _cache() -> Path:
-    return cache_dir() / VERSION
-
-
 def ensure() -> Path:
-    dest = _cache()
-    if all((dest / n / "offsets.npy").exists() for n in NAMES):
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with open(dest.parent / f"{VERSION}.lock", "w") as lock:
-        try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # pragma: no cover
-            pass
-        if not all((dest / n / "offsets.npy").exists() for n in NAMES):
-            fetch(dest)
-    return dest
+    return fetch_once(cache_dir() / VERSION, lambda d: all((d / n / "offsets.npy").exists() for n in NAMES),
+                      lambda d: fetch(d), "built-in corpus 'multilingual'")
 
 
 def docs(name: str) -> list[bytes]:
-    d = ensure() / name
-    try:
-        data = np.load(d / "data.npy", mmap_mode="r")
-        offsets = np.load(d / "offsets.npy")
-        return [bytes(data[offsets[i]:offsets[i + 1]]) for i in range(len(offsets) - 1)]
-    except Exception as e:  # numpy raises many types for a damaged file
-        raise RltokError(f"{d}: damaged cache of the built-in corpus {name!r} ({type(e).__name__}); "
-                         f"remove the folder to fetch it again") from None
+    return read_docs(ensure() / name, f"the built-in corpus {name!r}")
 
 
 def languages(name: str) -> list[str]:
