@@ -29,6 +29,7 @@ from .config import BOS, PAD
 from .data.loader import Batch
 from .evaluate import autocast_for, eval_noise
 from .objectives import score as score_batch
+from .tasks.scoring import model_seq_len
 
 
 def load(run: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
@@ -83,7 +84,7 @@ def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode:
     if isinstance(texts, (str, bytes)):
         texts = [texts]
     raw = [_as_bytes(t) for t in texts]
-    seq_len = model.run_config.model.seq_len if hasattr(model, "run_config") else model.cfg.seq_len
+    seq_len = model_seq_len(model)
     batch = _batch(raw, seq_len)
     device = next(model.parameters()).device
     batch = batch.to(device)
@@ -204,7 +205,7 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
     raw = [_as_bytes(t) for t in texts]
     if any(not r for r in raw):
         raise ValueError("encode: a text is empty")
-    seq_len = model.run_config.model.seq_len if hasattr(model, "run_config") else model.cfg.seq_len
+    seq_len = model_seq_len(model)
     if seq_len < 8:
         raise ValueError(f"encode needs a context of at least 8 bytes (seq_len {seq_len})")
     stride = seq_len // 2
@@ -216,17 +217,18 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
     was = model.training
     model.eval()
     try:
-        for docs, wins, batch in document_windows(Corpus.from_docs(docs_in), seq_len, batch_size, stride=stride):
-            noise = eval_noise(seed, 0, docs, batch.ids.shape[1], wins).to(device)
-            with requested_rate(model, rate, "rate="), autocast_for(device, dtype):
-                out = score_batch(model, batch.to(device), noise=noise, mode=mode)
-            if out.boundaries is None:
-                raise ValueError("this model has no chunk boundaries")
-            b = out.boundaries.cpu().numpy()
-            for r, (d, w) in enumerate(zip(docs, wins)):
-                lo, hi = _window_bytes(plans[d], int(w), len(raw[d]))
-                s = plans[d][w][0]
-                bounds[d][lo:hi] = b[r, lo - s + 1:hi - s + 1]  # byte j is the input at j - s + 1
+        with requested_rate(model, rate, "rate="):
+            for docs, wins, batch in document_windows(Corpus.from_docs(docs_in), seq_len, batch_size, stride=stride):
+                noise = eval_noise(seed, 0, docs, batch.ids.shape[1], wins).to(device)
+                with autocast_for(device, dtype):
+                    out = score_batch(model, batch.to(device), noise=noise, mode=mode)
+                if out.boundaries is None:
+                    raise ValueError("this model has no chunk boundaries")
+                b = out.boundaries.cpu().numpy()
+                for r, (d, w) in enumerate(zip(docs, wins)):
+                    lo, hi = _window_bytes(plans[d], int(w), len(raw[d]))
+                    s = plans[d][w][0]
+                    bounds[d][lo:hi] = b[r, lo - s + 1:hi - s + 1]  # byte j is the input at j - s + 1
     finally:
         model.train(was)
     return [Encoding(text=t, data=r, boundaries=bd) for t, r, bd in zip(texts, raw, bounds)]
