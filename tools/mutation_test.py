@@ -97,8 +97,8 @@ MUTATIONS = [
              "            G = G\n",
              "the off-policy warm start learning from behaviour samples without importance ratios"),
     Mutation("prescribed_decided", "rltok/boundaries/policy.py",
-             "        decided = decided_mask(valid) & ~given\n",
-             "        decided = decided_mask(valid)\n",
+             "            b, decided = b | given, decided & ~given\n",
+             "            b, decided = b | given, decided\n",
              "prescribed boundaries counted as the policy's decisions in the estimator"),
 ]
 

@@ -178,8 +178,9 @@ class BoundaryPolicy(BoundaryModule):
         f = torch.tensor([self.bias0 - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
         return self.rate_embed(f).to(like.dtype)
 
-    def _given(self, ids: Tensor) -> Tensor:
-        """Where boundaries are prescribed (``boundary.prescribed``): bool, the shape of ids."""
+    def _given(self, ids: Tensor) -> Tensor | None:
+        """Where boundaries are prescribed (``boundary.prescribed``): bool, the shape of ids; None
+        when none are."""
         p = self.cfg.prescribed
         if p == "newline":
             return ids == 10
@@ -187,7 +188,7 @@ class BoundaryPolicy(BoundaryModule):
             from ..objectives import whitespace_mask
 
             return whitespace_mask(ids)
-        return torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
+        return None
 
     def _conditioned(self, h: Tensor) -> Tensor:
         e = self._rate_vector(h)
@@ -298,7 +299,9 @@ class BoundaryPolicy(BoundaryModule):
         greedy = mode == "greedy"
         if fixed is None and not greedy and noise is None:
             noise = torch.rand(B, S, device=h.device)
-        given = self._given(ids) & valid
+        given = self._given(ids)
+        if given is not None:
+            given = given & valid
         if fixed is not None:
             b = fixed.bool()
         elif self.behaviour and self.training and not greedy:
@@ -308,9 +311,11 @@ class BoundaryPolicy(BoundaryModule):
             b = (l1 > 0) if greedy else (noise < torch.sigmoid(l1))
         else:
             b = self._scan(V.detach(), noise, valid, greedy, given)
-        b = force_ends(b | given, valid)
+        decided = decided_mask(valid)
+        if given is not None:
+            b, decided = b | given, decided & ~given
+        b = force_ends(b, valid)
         logits = self._logits(V, b)
-        decided = decided_mask(valid) & ~given
         probs = torch.sigmoid(logits)
         log_prob = bernoulli_log_prob(b, logits) * decided
         return BoundaryOutput(hard=b.float(), decided=decided, probs=probs, logits=logits,
@@ -332,7 +337,10 @@ class BoundaryPolicy(BoundaryModule):
         else:
             u = noise if noise is not None else torch.rand(n, device=h.device)
             b = u < torch.sigmoid(logit)
-        forced = (pos == 0) | self._given(ids)
+        forced = pos == 0
+        given = self._given(ids)
+        if given is not None:
+            forced = forced | given
         b = b | forced
         new_state = torch.cat([hist[:, 1:], b[:, None].float()], dim=1) if w > 1 else None
         return BoundaryStep(b=b, prob=torch.sigmoid(logit),
