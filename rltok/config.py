@@ -385,6 +385,12 @@ RECIPES: dict[str, dict[str, Any]] = {
 # methods whose training steers their boundary rate toward boundary.target_rate (the others get
 # their rate from a rule or a tokenizer): outputs remark when such a run ends off its target
 RATE_TARGETED = ("rl", "uniform", "nawrot", "hnet")
+
+
+def off_target(method: str, rate: float, target: float, tolerance: float = 0.02) -> bool:
+    """Whether a run of ``method`` ended off the rate it was steered to (False for a nan rate and
+    for methods that get their rate another way)."""
+    return method in RATE_TARGETED and abs(rate - target) > tolerance
 RECIPE_TARGETS = ("preset", "method")  # recipe keys that are not config fields
 
 

@@ -54,7 +54,7 @@ def run(args) -> int:
     from ..data import load_splits
     from ..data.corpus import Corpus
     from ..evaluate import evaluate_corpus
-    from ..config import RATE_TARGETED
+    from ..config import RATE_TARGETED, off_target
     from ..errors import RltokError
     from ..run import describe_weights, load_model
 
@@ -84,7 +84,7 @@ def run(args) -> int:
     target = (args.rate or cfg.boundary.target_rate) if cfg.method in RATE_TARGETED else None
     if args.rate is not None:
         d["requested_rate"] = args.rate
-    off_target = target is not None and abs(res.rate - target) > 0.02  # False for a nan rate
+    off = target is not None and off_target(cfg.method, res.rate, target)
     if target is not None:
         d["target_rate"] = target
     other = None
@@ -109,7 +109,7 @@ def run(args) -> int:
         print(f"  weights       {describe_weights(model)}")
         print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
         print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))"
-              + (f"; target {target}: off by {res.rate - target:+.3f}" if off_target else ""))
+              + (f"; target {target}: off by {res.rate - target:+.3f}" if off else ""))
         print(f"  whitespace    recall {res.whitespace_recall:.3f}  precision {res.whitespace_precision:.3f}"
               f"  (word-start recall {res.word_start_recall:.3f})")
         if other is not None:

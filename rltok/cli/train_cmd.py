@@ -114,12 +114,11 @@ def run(args) -> int:
 
     info = init_distributed(cfg.train.device)
     if info.is_main and result.summary:
-        from ..config import RATE_TARGETED
+        from ..config import off_target
 
         s = result.summary
         rate, target = s.get("val_rate", float("nan")), cfg.boundary.target_rate
-        off = (f" (target {target}: off by {rate - target:+.3f})"
-               if cfg.method in RATE_TARGETED and abs(rate - target) > 0.02 else "")
+        off = f" (target {target}: off by {rate - target:+.3f})" if off_target(cfg.method, rate, target) else ""
         print(f"done: {result.run_dir}  steps {s['steps']}  bytes {s['bytes']:,}  "
               f"val bpb {s.get('val_bpb', float('nan')):.4f}  rate {rate:.3f}{off}  "
               f"whitespace recall {s.get('val_whitespace_recall', float('nan')):.3f}")
