@@ -159,3 +159,23 @@ def test_install_keeps_an_installed_torch():
     assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
     would = [line for line in r.stdout.splitlines() if line.startswith("Would install")]
     assert would and would[0].split()[2:] == [f"rltok-{__import__('rltok').__version__}"], would
+
+
+def test_off_target_remark():
+    from rltok.config import off_target
+
+    assert off_target("rl", 0.244, 0.2) and off_target("hnet", 0.17, 0.2)
+    assert not off_target("rl", 0.219, 0.2) and not off_target("rl", float("nan"), 0.2)
+    assert not off_target("whitespace", 0.4, 0.2)  # its rate is the rule's, not steered
+
+
+def test_eval_says_when_the_rate_is_off_target(smoke_runs, capsys):
+    from rltok.config import off_target
+
+    assert main(["eval", str(smoke_runs["rl"]), "--docs", "4", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert main(["eval", str(smoke_runs["rl"]), "--docs", "4"]) == 0
+    out = capsys.readouterr().out
+    assert ("off by" in out) == off_target("rl", d["rate"], d["target_rate"])
+    if "off by" in out:
+        assert f"off by {d['rate'] - d['target_rate']:+.3f}" in out
