@@ -170,12 +170,11 @@ def test_off_target_remark():
 
 
 def test_eval_says_when_the_rate_is_off_target(smoke_runs, capsys):
-    from rltok.config import off_target
-
-    assert main(["eval", str(smoke_runs["rl"]), "--docs", "4", "--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert main(["eval", str(smoke_runs["rl"]), "--docs", "4"]) == 0
-    out = capsys.readouterr().out
-    assert ("off by" in out) == off_target("rl", d["rate"], d["target_rate"])
-    if "off by" in out:
-        assert f"off by {d['rate'] - d['target_rate']:+.3f}" in out
+    """Greedy boundaries of the barely trained smoke policy sit far below its 0.2 target (0.03):
+    the text output says so, with the difference; sampled ones (0.199) do not draw the remark."""
+    for extra, remark in ((["--greedy"], True), ([], False)):
+        assert main(["eval", str(smoke_runs["rl"]), "--docs", "4", "--json", *extra]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert main(["eval", str(smoke_runs["rl"]), "--docs", "4", *extra]) == 0
+        out = capsys.readouterr().out
+        assert (f"target 0.2: off by {d['rate'] - d['target_rate']:+.3f}" in out) == remark, (d["rate"], out)
