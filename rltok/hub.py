@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import RltokError
+from .version import __version__
 
 # files of a run that are its history, not part of the model
 _HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json", ".lock", "README.md"}
@@ -38,7 +39,7 @@ def save_pretrained(model, save_directory: str | Path, repo_id: str | None = Non
     """Write ``model`` (one loaded by ``rltok.load`` or trained by rltok, so that it carries its
     ``run_config``) to ``save_directory`` in the layout of the module docstring."""
     from .checkpoint import save_tensors_atomic, write_json_atomic
-    from .run import read_summary, write_config
+    from .run import write_config
 
     cfg = getattr(model, "run_config", None)
     if cfg is None:
@@ -58,19 +59,29 @@ def save_pretrained(model, save_directory: str | Path, repo_id: str | None = Non
             "source_step": str(weights["step"])}
     save_tensors_atomic(out / "model.safetensors", {k: v.detach().cpu() for k, v in model.state_dict().items()},
                         metadata=meta)
-    summary = read_summary(Path(run_dir)) if run_dir is not None else None
-    final = bool(weights.get("finished")) and weights.get("checkpoint") == "model.safetensors"
-    if summary and final:
+    summary = final_summary(model)
+    if summary:
         write_json_atomic(out / "summary.json", summary)
     else:
         (out / "summary.json").unlink(missing_ok=True)  # a summary would describe other weights
-        summary = None
     if run_dir is not None:
         for f in sorted(Path(run_dir).iterdir()):
             if f.is_file() and f.name not in _HISTORY and not f.name.startswith(".") and not f.name.endswith(".log"):
                 shutil.copyfile(f, out / f.name)  # the method's files (a BPE tokenizer, ...)
     model_card(model, summary, repo_id or str(out)).save(out / "README.md")
     return out
+
+
+def final_summary(model) -> dict | None:
+    """The run's summary.json when the model holds that run's final weights, else None (the
+    summary's evaluation would describe other weights)."""
+    from .run import read_summary
+
+    run_dir = getattr(model, "run_dir", None)
+    w = getattr(model, "weights", None) or {}
+    if run_dir is None or not (w.get("finished") and w.get("checkpoint") == "model.safetensors"):
+        return None
+    return read_summary(Path(run_dir))
 
 
 def model_card(model, summary: dict | None = None, name: str = "DIRECTORY_OR_REPO_ID"):
@@ -112,7 +123,7 @@ Tokenization End-to-End with Reinforcement Learning* (Dauncey & Wattenhofer, ICM
 | held-out bits/byte | {num('val_bpb', '.4f')} ± {num('val_bpb_se', '.4f')} (mean over {s.get('val_docs', 'n/a')} validation documents ± SE; first {mc.seq_len} bytes of each) |
 | boundary rate | {num('val_rate', '.3f')} per byte on the validation documents |
 | whitespace recall | {num('val_whitespace_recall', '.3f')} |
-| written by | rltok {_version()} |
+| written by | rltok {__version__} |
 
 ## Use
 
@@ -126,12 +137,6 @@ rltok.encode(model, "The city council met on Tuesday.").offsets  # as byte offse
 The directory is also an rltok run: `rltok eval DIR`, `rltok generate DIR --prompt ...`.
 """
     return ModelCard(body)
-
-
-def _version() -> str:
-    from .version import __version__
-
-    return __version__
 
 
 def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
@@ -200,9 +205,4 @@ class HubMixin:
         return push_to_hub(self, repo_id, **kwargs)
 
     def model_card(self):
-        from .run import read_summary
-
-        run_dir = getattr(self, "run_dir", None)
-        w = getattr(self, "weights", None) or {}
-        final = w.get("finished") and w.get("checkpoint") == "model.safetensors"
-        return model_card(self, read_summary(Path(run_dir)) if run_dir is not None and final else None)
+        return model_card(self, final_summary(self))
