@@ -24,7 +24,7 @@ from torch import nn
 
 from .config import PAD
 from .data.corpus import Corpus
-from .data.loader import Batch, document_batches, document_windows
+from .data.loader import Batch, document_windows
 from .model.chunking import decided_mask
 from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
 
@@ -132,12 +132,8 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     stride = seq_len if stride is None else stride
     if not 1 <= stride <= seq_len:
         raise ValueError(f"stride={stride} must be in 1..seq_len={seq_len}")
-    if whole:
-        batches = document_windows(corpus, seq_len, batch_size, n_docs, stride)
-        n_batches = None
-    else:
-        batches = ((idx, None, b) for idx, b in document_batches(corpus, seq_len, batch_size, n_docs))
-        n_batches = math.ceil(n_docs / batch_size)
+    batches = document_windows(corpus, seq_len, batch_size, n_docs, stride, first_only=not whole)
+    n_batches = None if whole else math.ceil(n_docs / batch_size)
     if progress:
         from tqdm import tqdm
 

@@ -116,20 +116,8 @@ def document_batches(corpus: Corpus, seq_len: int, batch_size: int, max_docs: in
     Yields (doc indices, Batch); the targets are exactly the document's bytes (no end-of-document
     target), so a document of n bytes contributes min(n, seq_len) predicted bytes.
     """
-    n = len(corpus) if max_docs is None else min(max_docs, len(corpus))
-    for lo in range(0, n, batch_size):
-        idx = np.arange(lo, min(n, lo + batch_size))
-        lens = [min(len(corpus.doc(i)), seq_len) for i in idx]
-        S = max(1, max(lens))
-        ids = np.full((len(idx), S), PAD, dtype=np.int64)
-        tgt = np.full((len(idx), S), -1, dtype=np.int64)
-        for r, (i, L) in enumerate(zip(idx, lens)):
-            d = corpus.doc(int(i))[:L]
-            ids[r, 0] = BOS
-            ids[r, 1:L] = d[: L - 1]
-            tgt[r, :L] = d
-        yield idx, Batch(ids=torch.from_numpy(ids), targets=torch.from_numpy(tgt),
-                         noise=torch.zeros(len(idx), S), index=torch.from_numpy(idx))
+    for idx, _, batch in document_windows(corpus, seq_len, batch_size, max_docs, first_only=True):
+        yield idx, batch
 
 
 def window_starts(n: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
@@ -148,17 +136,18 @@ def window_starts(n: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
 
 
 def document_windows(corpus: Corpus, seq_len: int, batch_size: int, max_docs: int | None = None,
-                     stride: int | None = None):
+                     stride: int | None = None, first_only: bool = False):
     """Evaluation batches that score whole documents: each document cut into the windows of
-    ``window_starts``. The first window is BOS + the document's start, as in ``document_batches``;
-    a later window's first input is the byte before it (as in stream-packed training, where
-    sequences start mid-document). Targets outside a window's scored part are -1.
+    ``window_starts`` (``first_only``: its first window alone, ``document_batches``). The first
+    window is BOS + the document's start; a later window's first input is the byte before it
+    (as in stream-packed training, where sequences start mid-document). Targets outside a
+    window's scored part are -1.
 
     Yields (per-row document index, per-row window number, Batch)."""
     stride = seq_len if stride is None else stride
     n = len(corpus) if max_docs is None else min(max_docs, len(corpus))
     rows = [(i, w, s, f) for i in range(n)
-            for w, (s, f) in enumerate(window_starts(len(corpus.doc(i)), seq_len, stride))]
+            for w, (s, f) in enumerate(window_starts(len(corpus.doc(i)), seq_len, stride)[:1 if first_only else None])]
     for lo in range(0, len(rows), batch_size):
         chunk = rows[lo:lo + batch_size]
         S = max(1, max(min(len(corpus.doc(i)) - s, seq_len) for i, _, s, _ in chunk))
