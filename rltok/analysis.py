@@ -211,7 +211,7 @@ def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | 
                    tokenizers: dict[str, object] | None = None, reference: str = "eng",
                    progress: bool = False, **kw) -> list[dict]:
     """One row per language: bytes, characters, whitespace words; per run, chunks, bytes per
-    chunk, chunks per word; per tokenizer, tokens, bytes per token, tokens per word; and each
+    chunk, chunks per word, bits and bits per byte; per tokenizer, tokens, bytes per token, tokens per word; and each
     count relative to the ``reference`` language (the same text)."""
     from .bpe import token_lengths
 
@@ -231,7 +231,11 @@ def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | 
                 e = r.boundaries.copy()
                 e[-1] = True
                 chunks += int(e.sum())
+            bits = sum(r.nll for r in res) / math.log(2)
             row[f"chunks:{name}"] = chunks
+            # the information cost of the text: bits, and bits per byte (each piece with BOS)
+            row[f"bits:{name}"] = bits
+            row[f"bpb:{name}"] = bits / max(1, n_bytes)
             row[f"bytes_per_chunk:{name}"] = n_bytes / max(1, chunks)
             row[f"chunks_per_word:{name}"] = chunks / max(1, words)
         for name, tok in tokenizers.items():
@@ -245,7 +249,7 @@ def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | 
         for r in rows:
             r["bytes_rel"] = r["bytes"] / ref["bytes"]
             for k in list(r):
-                if k.startswith(("chunks:", "tokens:")):
+                if k.startswith(("chunks:", "tokens:", "bits:")):
                     r[k.split(":")[0] + "_rel:" + k.split(":", 1)[1]] = r[k] / max(1, ref[k])
     return rows
 
@@ -294,7 +298,8 @@ def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
     from .data.builtin import cache_dir
 
     rate = cfg.boundary.target_rate
-    key = _json.dumps({"data": cfg.data.__dict__, "rate": rate, "max_bytes": max_bytes}, sort_keys=True)
+    # "docs": how fit_docs picks documents (2: a fixed random order across the split)
+    key = _json.dumps({"data": cfg.data.__dict__, "rate": rate, "max_bytes": max_bytes, "docs": 2}, sort_keys=True)
     path = cache_dir() / "bpe" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
     if path.is_file():
         tok = load_tokenizer(path)

@@ -156,6 +156,10 @@ class DataConfig:
     max_doc_bytes: int = 65536  # longer documents are cut into pieces before the split
     min_doc_bytes: int = 1  # shorter documents are dropped (the paper keeps > 4096)
     text_field: str = "text"
+    # sample language l of the training split with probability proportional to p_l ** (1/T)
+    # (p_l: its share of the bytes); 1 = natural shares. Needs per-document languages (the
+    # built-in multilingual corpora): rltok/data/languages.py
+    language_temperature: float = 1.0
 
     def validate(self) -> None:
         _check(self.packing in ("stream", "document"),
@@ -163,6 +167,7 @@ class DataConfig:
         _check(self.val_docs >= -1 and self.test_docs >= 0, "data.val_docs/test_docs must be >= 0")
         _check(self.max_doc_bytes >= 1, "data.max_doc_bytes must be >= 1")
         _check(self.min_doc_bytes >= 1, "data.min_doc_bytes must be >= 1")
+        _check(0 < self.language_temperature < 1e6, f"data.language_temperature={self.language_temperature} must be > 0")
 
 
 @dataclass
@@ -246,7 +251,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -255,6 +260,7 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.rate_schedule": 3, "boundary.flop_price": 3, "boundary.prescribed": 3,
     "boundary.warm_start_bytes": 3, "boundary.is_clip": 3, "boundary.upsample": 3, "boundary.pool": 3,
     "model.shared_head": 3,
+    "data.language_temperature": 4, "boundary.rate_scope": 4,
 }
 
 

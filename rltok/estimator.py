@@ -109,22 +109,44 @@ def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor) -
 
 def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,
                  reduce_mean: Callable[[Tensor], Tensor] | None = None,
-                 one_sided: bool = False) -> tuple[Tensor, Tensor]:
+                 one_sided: bool = False, segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(pbar - r*)_sg * mean logit, with forced positions counted as probability 1 (the paper).
 
     Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
     down together when the rate is above target and up when below. ``one_sided``: only above
-    (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under.
+    (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under. ``segments`` ((B, S) ids,
+    e.g. ``document_segments``): pbar per segment instead of over the batch (not reduced across
+    ranks: a document lives on one rank).
     """
     d, v = decided.float(), valid.float()
     n = v.sum().clamp(min=1)
-    pbar = (probs.float() * d + (v - d)).sum() / n
+    p_forced = probs.float() * d + (v - d)
+    pbar = p_forced.sum() / n
+    if segments is not None:
+        # one controller per segment (document): each decided logit moves by its own segment's
+        # (pbar_seg - r*)/N, so every document is pushed to the target rate, not just their mean
+        seg = segments.reshape(-1)
+        size = int(seg.max()) + 1 if seg.numel() else 1
+        num = torch.zeros(size, device=probs.device).index_add_(0, seg, p_forced.detach().reshape(-1))
+        den = torch.zeros(size, device=probs.device).index_add_(0, seg, v.reshape(-1))
+        excess = (num / den.clamp(min=1) - target)[seg].reshape(probs.shape)
+        if one_sided:
+            excess = excess.clamp(min=0)
+        return (excess * logits.float() * d).sum() / n, pbar
     pbar_g = pbar.detach() if reduce_mean is None else reduce_mean(pbar.detach())
     lbar = (logits.float() * d).sum() / n
     excess = pbar_g - target
     if one_sided:
         excess = excess.clamp(min=0)
     return excess * lbar, pbar
+
+
+def document_segments(ids: Tensor, bos: int) -> Tensor:
+    """(B, S) long: an id per (row, document) -- a document starts at each BOS; the bytes of a row
+    before its first BOS are the tail of a document that began in an earlier window."""
+    B, S = ids.shape
+    within = torch.cumsum((ids == bos).long(), dim=1)
+    return within + (S + 1) * torch.arange(B, device=ids.device)[:, None]
 
 
 def importance_ratio(log_prob: Tensor, b: Tensor, behaviour_rate: float, decided: Tensor,

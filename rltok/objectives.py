@@ -114,7 +114,7 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     ce_e = per_position_ce(out.early_logits, batch.targets)
     lm, early = ce.sum() / n, ce_e.sum() / n
     ctx = LossContext(out=out.boundary, ce=ce, ce_early=ce_e, target_mask=tmask, valid=valid,
-                      reduce_mean=reduce_mean, all_reduce_sum=all_reduce_sum)
+                      reduce_mean=reduce_mean, all_reduce_sum=all_reduce_sum, ids=batch.ids)
     aux, stats = model.boundary.aux_loss(ctx)
     bc = cfg.boundary
     # the early term is always in the graph (weight 0 included) so that every parameter gets a

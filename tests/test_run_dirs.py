@@ -137,7 +137,7 @@ def test_runs_from_before_versions_still_open(smoke_runs, tmp_path):
     assert rltok.load(run).run_config.boundary.init_scale == 1.0
 
 
-@pytest.mark.parametrize("fmt", [1, 2])
+@pytest.mark.parametrize("fmt", [1, 2, 3])
 def test_older_formats_open_without_the_keys_added_since(smoke_runs, tmp_path, fmt):
     """A key added in a later format takes its default in an older run; a key its own format
     already had is still named when missing."""

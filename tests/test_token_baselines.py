@@ -264,3 +264,17 @@ def test_flat_flops_by_hand():
     fc = flat_flops(m, 100, token_rate=0.2)  # 20 tokens per sequence
     assert fc.per_byte == pytest.approx(0.2 * (6 * n + 12 * 16 * 2 * 10.5))
     assert fc.params_per_chunk == n and fc.params_per_byte == 0
+
+
+def test_bpe_fit_documents_span_the_whole_split():
+    """A split stored source by source (English pages, then German, ...) fits its BPE, and holds
+    out the documents that pick the vocabulary size, from every source, not the first one."""
+    from rltok.boundaries.bpe import fit_docs
+    from rltok.data.corpus import Corpus
+
+    docs = [b"en %d " % i * 20 for i in range(100)] + [b"de %d " % i * 20 for i in range(100)]
+    picked = fit_docs(Corpus.from_docs(docs), max_bytes=sum(map(len, docs)) // 4)
+    assert 0.2 < sum(d.startswith(b"de") for d in picked) / len(picked) < 0.8
+    held = picked[: max(1, len(picked) // 10)]  # fit_bpe_to_rate's held-out documents
+    assert {d[:2] for d in held} == {b"en", b"de"}
+    assert fit_docs(Corpus.from_docs(docs), 10**9) == fit_docs(Corpus.from_docs(docs), 10**9)  # fixed order

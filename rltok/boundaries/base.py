@@ -71,6 +71,7 @@ class LossContext:
     valid: Tensor  # (B, S) bool: real input positions (not padding)
     reduce_mean: Callable[[Tensor], Tensor]  # mean of a detached tensor across data-parallel ranks
     all_reduce_sum: Callable[[Tensor], Tensor] | None = None  # sum across ranks (None: one process)
+    ids: Tensor | None = None  # (B, S) long: the input ids (documents start at BOS)
 
 
 class BoundaryModule(nn.Module):

@@ -169,9 +169,12 @@ def bpe_boundaries_for_ids(cache: BoundaryCache, ids: np.ndarray) -> np.ndarray:
 # -- the tokenizer of a run ---------------------------------------------------------------------
 
 def fit_docs(corpus, max_bytes: int) -> list[bytes]:
+    """Documents of the split in a fixed random order, up to ``max_bytes``: a corpus stored source
+    by source (the built-in ones: one language or manual after another) must not fit its BPE, nor
+    hold out the documents that choose its vocabulary size (the first 10%), from one source."""
     docs, total = [], 0
-    for i in range(len(corpus)):
-        d = corpus.doc_bytes(i)
+    for i in np.random.default_rng(0).permutation(len(corpus)):
+        d = corpus.doc_bytes(int(i))
         docs.append(d)
         total += len(d)
         if total >= max_bytes:

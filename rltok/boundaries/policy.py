@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import BoundaryConfig, ModelConfig
+from ..config import BOS, BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends, mean_pool
@@ -49,6 +49,9 @@ class PolicyConfig(BoundaryConfig):
     # logit_shift (the paper); hinge: the same controller, acting only above target_rate (a rate
     # ceiling, FLEXITOKENS-style); hnet: H-Net's ratio loss
     rate_loss: str = "logit_shift"
+    # batch: one rate controller over the batch (the paper); document: one per document, so each
+    # document is held at the target rate (equal compression everywhere; issue 16)
+    rate_scope: str = "batch"
     # > 0: add flop_price * FLOPs/byte at the expected rate, relative to FLOPs/byte at target_rate,
     # to the loss (nats per byte per unit of relative compute): the policy prices its own rate
     flop_price: float = 0.0
@@ -94,6 +97,10 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.baseline_group must be >= 0")
         if self.rate_loss not in ("logit_shift", "hinge", "hnet"):
             raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift, hinge or hnet")
+        if self.rate_scope not in ("batch", "document"):
+            raise RltokError(f"boundary.rate_scope={self.rate_scope!r} must be batch or document")
+        if self.rate_scope == "document" and self.rate_loss == "hnet":
+            raise RltokError("boundary.rate_scope=document needs boundary.rate_loss=logit_shift or hinge")
         if not (0.0 <= self.flop_price < 1e6):
             raise RltokError(f"boundary.flop_price={self.flop_price} must be >= 0")
         if self.prescribed not in ("", "newline", "whitespace"):
@@ -370,8 +377,10 @@ class BoundaryPolicy(BoundaryModule):
             G = G * rho
         pg = est.policy_gradient_surrogate(G, out.log_prob, mask)
         if cfg.rate_loss in ("logit_shift", "hinge"):
+            segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None
             rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
-                                          self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge")
+                                          self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge",
+                                          segments=segments)
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)

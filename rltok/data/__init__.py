@@ -19,8 +19,15 @@ def load_splits(cfg: RunConfig) -> Splits:
     if is_prepared(src):
         from .prepared import open_prepared
 
-        return open_prepared(src)
-    return split_corpus(load_corpus(src, cfg.data), cfg.data)
+        splits = open_prepared(src)
+    else:
+        splits = split_corpus(load_corpus(src, cfg.data), cfg.data)
+    if cfg.data.language_temperature != 1.0:
+        from .languages import corpus_languages, reweight, source_languages
+
+        langs = corpus_languages(splits.train, source_languages(src, cfg.data))
+        splits.train = reweight(splits.train, langs, cfg.data.language_temperature, cfg.data.split_seed)
+    return splits
 
 
 __all__ = ["Corpus", "Splits", "load_splits", "load_corpus", "split_corpus", "is_prepared"]

@@ -1,0 +1,120 @@
+"""Issue 16's two training options: temperature sampling of languages (data.language_temperature)
+and one rate controller per document (boundary.rate_scope=document)."""
+
+import numpy as np
+import pytest
+import torch
+
+from rltok import estimator as est
+from rltok.config import BOS, build_config
+from rltok.data.corpus import Corpus
+from rltok.data.languages import corpus_languages, language_bytes, reweight, temperature_shares
+from rltok.errors import RltokError
+
+
+def test_document_segments_start_at_bos():
+    ids = torch.tensor([[BOS, 5, 5, BOS, 5], [5, 5, BOS, 5, 5]])
+    seg = est.document_segments(ids, BOS)
+    # row 0: two documents; row 1: the tail of an earlier document, then one document
+    assert seg[0].tolist() == [1, 1, 1, 2, 2]
+    assert seg[1].tolist() == [6, 6, 7, 7, 7]
+
+
+def test_document_rate_penalty_moves_each_logit_by_its_documents_excess():
+    """Hand-worked: the gradient on decided logit t is (pbar_doc(t) - r*) / N, with forced
+    positions counted as probability 1 and undecided ones getting nothing."""
+    logits = torch.tensor([[0.0, 2.0, -1.0, 0.5, 1.0, -2.0]], requires_grad=True)
+    probs = torch.sigmoid(logits)
+    decided = torch.tensor([[False, True, True, False, True, True]])
+    valid = torch.ones(1, 6, dtype=torch.bool)
+    ids = torch.tensor([[BOS, 7, 7, BOS, 7, 7]])
+    loss, pbar = est.rate_penalty(probs, logits, decided, valid, 0.2, segments=est.document_segments(ids, BOS))
+    loss.backward()
+    p = probs.detach()[0]
+    doc0 = (1.0 + p[1] + p[2]) / 3  # position 0 is forced (probability 1)
+    doc1 = (1.0 + p[4] + p[5]) / 3
+    want = torch.tensor([0.0, doc0 - 0.2, doc0 - 0.2, 0.0, doc1 - 0.2, doc1 - 0.2]) / 6
+    torch.testing.assert_close(logits.grad[0], want)
+    assert pbar.item() == pytest.approx(((1 + p[1] + p[2]) + (1 + p[4] + p[5])).item() / 6)
+    # one segment is the batch controller exactly
+    logits.grad = None
+    one = est.rate_penalty(probs, logits, decided, valid, 0.2, segments=torch.zeros(1, 6, dtype=torch.long))[0]
+    both = est.rate_penalty(probs, logits, decided, valid, 0.2)[0]
+    g1 = torch.autograd.grad(one, logits, retain_graph=True)[0]
+    g2 = torch.autograd.grad(both, logits)[0]
+    torch.testing.assert_close(g1, g2)
+
+
+def test_document_rate_scope_through_the_training_path():
+    """With pg_weight = 0, the policy's gradient under rate_scope=document weights each position by
+    its own document's excess: it equals the batch controller's for a single document and differs
+    from it once two documents' rates differ. (The bias alone cannot tell them apart: its gradient
+    sums the excess over positions, which is the batch's excess either way.)"""
+    from rltok.boundaries import get_method
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    def grad(scope, ids):
+        cfg = build_config("rl", "smoke", overrides={
+            "model.seq_len": ids.shape[1], "model.d_model": 8, "model.n_heads": 2, "model.window": 4,
+            "boundary.pg_weight": 0.0, "boundary.rate_weight": 1.0, "boundary.rate_scope": scope,
+            "boundary.softcap": 0.0, "boundary.scale": 1.0})
+        torch.manual_seed(0)
+        model = get_method("rl").build(cfg, None)
+        with torch.no_grad():
+            model.boundary.proj.weight.mul_(3.0)
+        targets = torch.roll(ids, -1, 1)
+        batch = Batch(ids=ids, targets=targets, noise=torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)),
+                      index=torch.arange(ids.shape[0]))
+        sl = training_loss(model, batch, cfg)
+        return torch.autograd.grad(sl.loss, [model.boundary.proj.weight])[0]
+
+    one_doc = torch.tensor([[BOS] + list(b"the cat sat on it")])
+    torch.testing.assert_close(grad("document", one_doc), grad("batch", one_doc))
+    two_docs = torch.tensor([[BOS] + list(b"aaaaaaaa") + [BOS] + list(b"q z. x,y")])
+    g_doc, g_batch = grad("document", two_docs), grad("batch", two_docs)
+    assert (g_doc - g_batch).abs().max() > 0.05 * g_batch.abs().max()
+
+
+def test_rate_scope_is_checked():
+    with pytest.raises(RltokError, match="rate_scope"):
+        build_config("rl", "smoke", overrides={"boundary.rate_scope": "language"})
+    with pytest.raises(RltokError, match="rate_scope=document needs"):
+        build_config("rl", "smoke", overrides={"boundary.rate_scope": "document", "boundary.rate_loss": "hnet"})
+
+
+def test_temperature_shares():
+    q = temperature_shares({"a": 900, "b": 100}, 1.0)
+    assert q == pytest.approx({"a": 0.9, "b": 0.1})
+    q = temperature_shares({"a": 900, "b": 100}, 2.0)  # sqrt: 30 : 10
+    assert q == pytest.approx({"a": 0.75, "b": 0.25})
+    assert temperature_shares({"a": 900, "b": 100}, 1e5)["b"] == pytest.approx(0.5, abs=1e-3)
+
+
+def test_reweight_gives_each_language_its_share():
+    rng = np.random.default_rng(0)
+    docs = [bytes(rng.integers(97, 123, 100, dtype=np.uint8)) for _ in range(200)]
+    langs = ["en"] * 180 + ["el"] * 20  # 90% / 10% of the bytes
+    c = Corpus.from_docs(docs)
+    out = reweight(c, langs, 2.0, seed=0)
+    lang_of = {__import__("hashlib").sha256(d).digest(): l for d, l in zip(docs, langs)}
+    got = language_bytes(out, corpus_languages(out, lang_of))
+    total = sum(got.values())
+    assert got["el"] / total == pytest.approx(0.25, abs=0.02)
+    assert total == pytest.approx(c.total_bytes, rel=0.03)
+    # deterministic, and T = 1 changes nothing
+    assert np.array_equal(reweight(c, langs, 2.0, seed=0).data, out.data)
+    assert np.array_equal(reweight(c, langs, 1.0).data, c.data)
+
+
+def test_language_temperature_needs_languages(tmp_path):
+    from rltok.data import load_splits
+
+    f = tmp_path / "t.txt"
+    f.write_text("hello world\n" * 50)
+    cfg = build_config("rl", "smoke", overrides={"data.source": str(f), "data.language_temperature": 2.0,
+                                                  "data.val_docs": 0})
+    with pytest.raises(RltokError, match="language_temperature needs"):
+        load_splits(cfg)
+    with pytest.raises(RltokError, match="language_temperature"):
+        build_config("rl", "smoke", overrides={"data.language_temperature": 0.0})
