@@ -15,6 +15,9 @@ jobs+=("uniform 42 -" "hnet 42 -")
 printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 bash -c '
   name=$0; seed=$1; extra=$2; method=${name%-doc}; d='"$out"'/${name}_s${seed}
   set=(); [ "$extra" = - ] || set=(--set "$extra")
+  # the BPE seeds share one tokenizer: the one the first BPE run fitted, where it exists
+  tok='"$out"'/bpe_s42/tokenizer.json
+  [ $name = bpe ] && [ $seed != 42 ] && [ -f "$tok" ] && set=(--set boundary.tokenizer=$tok)
   [ -f "$d/summary.json" ] || {
     if [ -d "$d" ]; then r=--resume; else r=; fi
     ${RLTOK:-rltok} train --method $method --preset tiny --data multilingual --seed $seed --bytes 4M \
