@@ -568,8 +568,11 @@ def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
     tr, va = splits.train, splits.val
     budget = (f"{cfg.train.max_steps} steps" if cfg.train.max_steps
               else f"{cfg.train.total_bytes / 1e6:.3g} MB")
-    lines = [f"data: {cfg.data.source}, {len(tr):,} training documents ({tr.total_bytes / 1e6:.1f} MB), "
-             f"{len(va):,} validation; training on {budget} ({cfg.method})",
+    test = f", {len(splits.test):,} test" if len(splits.test) else ""
+    temp = (f" (languages sampled at temperature {cfg.data.language_temperature:g})"
+            if cfg.data.language_temperature != 1.0 else "")
+    lines = [f"data: {cfg.data.source}, {len(tr):,} training documents ({tr.total_bytes / 1e6:.1f} MB){temp}, "
+             f"{len(va):,} validation{test}; training on {budget} ({cfg.method})",
              size,
              f"device: {info.device.type}, dtype {cfg.train.dtype}, {info.world} process(es)"]
     if info.device.type == "cpu":

@@ -1,0 +1,368 @@
+"""Issue 16: the cost of each language under learned chunks, BPE and GPT-NeoX's BPE.
+
+    python tools/multilingual_study.py measure runs/multilingual   # per run, resumable
+    python tools/multilingual_study.py report                      # results.json, tables, chart
+
+``measure`` scores every finished run of ``results/multilingual/run.sh`` on three held-out sets,
+per language, and writes results/multilingual/measure/RUN.json (a run already measured is skipped):
+
+* ``test``: the multilingual corpus's test split (256 documents no run trains on; not parallel),
+  at most MAX_TEST_BYTES per language, every byte scored (``rltok eval --whole``): bpb, bytes per
+  chunk, chunks per word;
+* ``reference``: the held-out chapters of the Debian Reference (``multilingual-heldout``: parallel,
+  11 languages);
+* ``udhr``: the UDHR in 37 languages (parallel; 20 of them are training languages).
+
+On the two parallel sets each language's chunks and bits are also given relative to English's for
+the same content. The tokenizers (the BPE that BPE guidance uses, fitted on the same training text
+at the same mean rate, and GPT-NeoX-20B's) are measured on the same texts once.
+``report`` gathers the measurements into results/multilingual/results.json, the tables of the
+README (results/multilingual/tables.md) and the chart (cost_vs_english.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "multilingual"
+UDHR = ROOT.parent / "shared" / "data" / "multilingual" / "udhr"
+MAX_TEST_BYTES = 32_000
+# UDHR file key -> language of the training corpus (the other UDHR languages are unseen)
+UDHR_TRAINED = {"ces": "cs", "cmn_hans": "zh-cn", "cmn_hant": "zh-tw", "deu_1996": "de", "ell_monotonic": "el",
+                "eng": "en", "fin": "fi", "fra": "fr", "hun": "hu", "ind": "id", "ita": "it", "jpn": "ja",
+                "nld": "nl", "pol": "pl", "por_BR": "pt-br", "rus": "ru", "spa": "es", "tur": "tr",
+                "ukr": "uk", "vie": "vi"}
+UNSPACED = {"ja", "zh-cn", "zh-tw", "jpn", "cmn_hans", "cmn_hant", "yue", "tha", "khm", "mya"}
+METHOD_ORDER = ["rl", "rl-doc", "bpe", "uniform", "hnet"]
+
+
+def _neox():
+    from rltok.bpe import load_tokenizer
+
+    p = Path.home() / ".cache" / "rltok" / "evals" / "gpt-neox-20b.json"
+    if not p.is_file():
+        sys.exit(f"{p}: missing; run `rltok data fetch-evals` (it stores GPT-NeoX's BPE there)")
+    tok = load_tokenizer(p)
+    tok.normalizer = None  # tokens must cover the bytes as they are
+    return tok
+
+
+def _same_data_bpe(runs: Path):
+    from rltok.bpe import load_tokenizer
+
+    p = runs / "bpe_s42" / "tokenizer.json"
+    if not p.is_file():
+        sys.exit(f"{p}: missing; the BPE-guidance run fits the BPE on the training text")
+    return load_tokenizer(p), json.loads((runs / "bpe_s42" / "tokenizer.info.json").read_text())
+
+
+def _parallel_sets():
+    from rltok.analysis import Translation, read_udhr
+    from rltok.data import multilingual
+    from rltok.data.languages import script_of
+
+    by_lang: dict[str, list[str]] = {}
+    for lang, d in zip(multilingual.languages("multilingual-heldout"), multilingual.docs("multilingual-heldout")):
+        by_lang.setdefault(lang, []).append(d.decode("utf-8"))
+    ref = [Translation(key=lang, name=lang, script=script_of(lang), paragraphs=paras) for lang, paras in by_lang.items()]
+    return {"reference": (ref, "en"), "udhr": (read_udhr(UDHR), "eng")}
+
+
+def _test_by_language(cfg):
+    """The test split's documents per language, at most MAX_TEST_BYTES each (whole documents)."""
+    from rltok.data.corpus import split_corpus
+    from rltok.data.languages import corpus_languages, source_languages
+    from rltok.data.sources import load_corpus
+
+    test = split_corpus(load_corpus(cfg.data.source, cfg.data), cfg.data).test
+    langs = corpus_languages(test, source_languages(cfg.data.source, cfg.data))
+    out: dict[str, list[int]] = {}
+    size: dict[str, int] = {}
+    for i, lang in enumerate(langs):
+        if size.get(lang, 0) < MAX_TEST_BYTES:
+            out.setdefault(lang, []).append(i)
+            size[lang] = size.get(lang, 0) + int(test.lengths[i])
+    return test, out
+
+
+def _words(texts) -> int:
+    return sum(len(t.split()) for t in texts)
+
+
+def measure_run(run: Path, dtype: str = "bf16") -> dict:
+    import rltok
+    from rltok.analysis import cross_language
+    from rltok.evaluate import evaluate_corpus
+
+    model = rltok.load(run)
+    cfg = model.run_config
+    test, groups = _test_by_language(cfg)
+    rows = {}
+    for lang, idx in sorted(groups.items()):
+        sub = test.subset(np.array(idx))
+        r = evaluate_corpus(model, sub, cfg.model.seq_len, whole=True, dtype=dtype, batch_size=16)
+        texts = [sub.doc_bytes(i).decode("utf-8", "replace") for i in range(len(sub))]
+        chunks = r.rate * r.bytes
+        rows[lang] = {"docs": len(idx), "bytes": r.bytes, "bpb": r.corpus_bpb, "rate": r.rate,
+                      "bytes_per_chunk": 1 / r.rate if r.rate > 0 else float("nan"),
+                      "chunks_per_word": None if lang in UNSPACED else chunks / max(1, _words(texts))}
+    out = {"run": run.name, "method": cfg.method, "seed": cfg.train.seed, "weights": model.weights,
+           "rate_scope": getattr(cfg.boundary, "rate_scope", "batch"), "test": rows}
+    for name, (texts, reference) in _parallel_sets().items():
+        out[name] = cross_language(texts, {"m": model}, {}, reference=reference, dtype=dtype, seed=0,
+                                   mode="sample", batch_size=16)
+    return out
+
+
+def measure_tokenizers(runs: Path) -> dict:
+    from rltok.analysis import cross_language
+    from rltok.bpe import token_lengths
+
+    bpe, info = _same_data_bpe(runs)
+    toks = {"bpe-same-data": bpe, "gpt-neox": _neox()}
+    import rltok
+
+    cfg = rltok.load(runs / "bpe_s42").run_config
+    test, groups = _test_by_language(cfg)
+    rows = {}
+    for lang, idx in sorted(groups.items()):
+        docs = [test.doc_bytes(i) for i in idx]
+        n = sum(map(len, docs))
+        words = _words(d.decode("utf-8", "replace") for d in docs)
+        rows[lang] = {}
+        for name, tok in toks.items():
+            k = sum(len(token_lengths(tok, d)) for d in docs)
+            rows[lang][name] = {"bytes_per_token": n / k, "tokens_per_word": None if lang in UNSPACED else k / max(1, words)}
+    out = {"bpe-same-data": info, "test": rows}
+    for name, (texts, reference) in _parallel_sets().items():
+        out[name] = cross_language(texts, {}, toks, reference=reference)
+    return out
+
+
+def cmd_measure(args) -> int:
+    from rltok.threads import set_threads
+
+    set_threads(args.threads)
+    runs = Path(args.runs)
+    dest = OUT / "measure"
+    dest.mkdir(parents=True, exist_ok=True)
+    if args.shard.startswith("0/") and not (dest / "_tokenizers.json").is_file() \
+            and (runs / "bpe_s42" / "tokenizer.json").is_file():
+        (dest / "_tokenizers.json").write_text(json.dumps(measure_tokenizers(runs), indent=1))
+        print("measured the tokenizers", flush=True)
+    k, n = map(int, args.shard.split("/"))
+    for i, run in enumerate(sorted(p for p in runs.iterdir() if p.is_dir())):
+        if i % n != k or not (run / "summary.json").is_file() or (dest / f"{run.name}.json").is_file():
+            continue
+        res = measure_run(run)
+        (dest / f"{run.name}.json").write_text(json.dumps(res, indent=1))
+        print(f"measured {run.name}", flush=True)
+    return 0
+
+
+# -- report ---------------------------------------------------------------------------------------
+
+def _variant(m: dict) -> str:
+    return "rl-doc" if m["method"] == "rl" and m.get("rate_scope") == "document" else m["method"]
+
+
+def _spread(values) -> dict:
+    v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    return {"cv": float(v.std() / v.mean()), "max_over_min": float(v.max() / v.min()), "n": int(len(v))}
+
+
+def _mean_se(xs) -> dict:
+    x = np.array(xs, dtype=float)
+    se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+    return {"mean": float(x.mean()), "se": se, "seeds": len(x), "per_seed": [float(a) for a in x]}
+
+
+def _parallel_costs(rows: list[dict], key: str, langs=None) -> dict[str, float]:
+    return {r["lang"]: r[key] for r in rows if key in r and (langs is None or r["lang"] in langs)}
+
+
+def run_metrics(m: dict) -> dict:
+    """Per run: the spread across languages of each cost, on each held-out set."""
+    udhr_trained = set(UDHR_TRAINED)
+    test = m["test"]
+    out = {
+        "test_bytes_per_chunk": _spread(r["bytes_per_chunk"] for r in test.values()),
+        "test_chunks_per_word": _spread(r["chunks_per_word"] for r in test.values()),
+        "test_bpb": _spread(r["bpb"] for r in test.values()),
+        "test_mean_bpb": float(np.mean([r["bpb"] for r in test.values()])),
+        "test_mean_rate": float(np.mean([r["rate"] for r in test.values()])),
+    }
+    for s, langs in (("reference", None), ("udhr_trained", udhr_trained), ("udhr_all", None)):
+        rows = m["reference" if s == "reference" else "udhr"]
+        for k in ("chunks_rel:m", "bits_rel:m", "bytes_per_chunk:m"):
+            out[f"{s}_{k.split(':')[0]}"] = _spread(_parallel_costs(rows, k, langs).values())
+    return out
+
+
+def tokenizer_metrics(t: dict) -> dict[str, dict]:
+    out = {}
+    for name in ("bpe-same-data", "gpt-neox"):
+        d = {"test_bytes_per_token": _spread(r[name]["bytes_per_token"] for r in t["test"].values()),
+             "test_tokens_per_word": _spread(r[name]["tokens_per_word"] for r in t["test"].values())}
+        for s, langs in (("reference", None), ("udhr_trained", set(UDHR_TRAINED)), ("udhr_all", None)):
+            rows = t["reference" if s == "reference" else "udhr"]
+            d[f"{s}_tokens_rel"] = _spread(_parallel_costs(rows, f"tokens_rel:{name}", langs).values())
+            d[f"{s}_bytes_per_token"] = _spread(_parallel_costs(rows, f"bytes_per_token:{name}", langs).values())
+        out[name] = d
+    return out
+
+
+def cmd_report(args) -> int:
+    meas = OUT / "measure"
+    runs = {p.stem: json.loads(p.read_text()) for p in sorted(meas.glob("*.json")) if not p.stem.startswith("_")}
+    toks = json.loads((meas / "_tokenizers.json").read_text())
+    by_variant: dict[str, list[dict]] = {}
+    for m in runs.values():
+        m["variant"] = _variant(m)
+        m["metrics"] = run_metrics(m)
+        by_variant.setdefault(m["variant"], []).append(m)
+    tm = tokenizer_metrics(toks)
+    summary = {}
+    for v, ms in by_variant.items():
+        keys = ms[0]["metrics"]
+        summary[v] = {k: _mean_se([m["metrics"][k]["cv"] if isinstance(m["metrics"][k], dict) else m["metrics"][k]
+                                   for m in ms]) for k in keys}
+        summary[v]["max_over_min"] = {k: _mean_se([m["metrics"][k]["max_over_min"] for m in ms])
+                                      for k in keys if isinstance(ms[0]["metrics"][k], dict)}
+    result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
+              "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",
+                        "reference": "Debian Reference ch03+ch08, parallel, 11 languages",
+                        "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
+                        "cv": "std/mean across languages (population std); summary: mean and SE over seeds"}}
+    (OUT / "results.json").write_text(json.dumps(result, indent=1))
+    (OUT / "tables.md").write_text(tables(by_variant, summary, tm, toks) + "\n")
+    chart(by_variant, toks, OUT / "cost_vs_english.png")
+    print(f"wrote {OUT}/results.json, tables.md, cost_vs_english.png")
+    return 0
+
+
+def _ms(d: dict, nd=3) -> str:
+    if d["seeds"] > 1:
+        return f"{d['mean']:.{nd}f} ± {d['se']:.{nd}f}"
+    return f"{d['mean']:.{nd}f}"
+
+
+def tables(by_variant, summary, tm, toks) -> str:
+    variants = [v for v in METHOD_ORDER if v in by_variant]
+    lines = ["### Spread across languages (CV = std/mean; seeds: mean ± SE over seeds)", "",
+             "| method | seeds | test bpb (mean over langs) | test rate | CV bytes/chunk (test) | CV chunks/word (test) "
+             "| CV chunks rel. EN (reference, 11) | max/min (reference) | CV chunks rel. EN (UDHR, 20 trained) "
+             "| max/min (UDHR 20) | CV bits rel. EN (UDHR 20) | CV bpb (test) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v in variants:
+        s = summary[v]
+        mm = s["max_over_min"]
+        lines.append(f"| {v} | {len(by_variant[v])} | {_ms(s['test_mean_bpb'])} | {_ms(s['test_mean_rate'])} "
+                     f"| {_ms(s['test_bytes_per_chunk'], 2)} | {_ms(s['test_chunks_per_word'], 2)} "
+                     f"| {_ms(s['reference_chunks_rel'], 2)} | {_ms(mm['reference_chunks_rel'], 2)} "
+                     f"| {_ms(s['udhr_trained_chunks_rel'], 2)} | {_ms(mm['udhr_trained_chunks_rel'], 2)} "
+                     f"| {_ms(s['udhr_trained_bits_rel'], 2)} | {_ms(s['test_bpb'], 2)} |")
+    for name, d in tm.items():
+        lines.append(f"| tokenizer: {name} | - | - | - | {d['test_bytes_per_token']['cv']:.2f} "
+                     f"| {d['test_tokens_per_word']['cv']:.2f} | {d['reference_tokens_rel']['cv']:.2f} "
+                     f"| {d['reference_tokens_rel']['max_over_min']:.2f} | {d['udhr_trained_tokens_rel']['cv']:.2f} "
+                     f"| {d['udhr_trained_tokens_rel']['max_over_min']:.2f} | - | - |")
+    # per language on the test split: bpb and bytes/chunk, mean over seeds
+    langs = sorted(next(iter(by_variant.values()))[0]["test"])
+    lines += ["", "### Per language, test split (mean over seeds): bits/byte · bytes per chunk", "",
+              "| lang | " + " | ".join(variants) + " | BPE same data: bytes/token | GPT-NeoX: bytes/token | "
+              "rl-doc − rl bpb |", "|---|" + "---|" * (len(variants) + 3)]
+    for lang in langs:
+        cells = []
+        bpb = {}
+        for v in variants:
+            b = [m["test"][lang]["bpb"] for m in by_variant[v] if lang in m["test"]]
+            c = [m["test"][lang]["bytes_per_chunk"] for m in by_variant[v] if lang in m["test"]]
+            bpb[v] = b
+            cells.append(f"{np.mean(b):.3f} · {np.mean(c):.2f}")
+        t = toks["test"][lang]
+        diff = "-"
+        if bpb.get("rl") and bpb.get("rl-doc"):
+            a, b = np.array(bpb["rl-doc"]), np.array(bpb["rl"])
+            se = math.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)) if len(a) > 1 and len(b) > 1 else float("nan")
+            diff = f"{a.mean() - b.mean():+.3f} ± {se:.3f}"
+        lines.append(f"| {lang} | " + " | ".join(cells) + f" | {t['bpe-same-data']['bytes_per_token']:.2f} "
+                     f"| {t['gpt-neox']['bytes_per_token']:.2f} | {diff} |")
+    # per language on UDHR: chunks relative to English
+    rows0 = {r["lang"]: r for r in toks["udhr"]}
+    lines += ["", "### UDHR, the 20 training languages: chunks (tokens) for the same text relative to English "
+              "(mean over seeds)", "",
+              "| UDHR | lang | script | bytes rel | " + " | ".join(variants) + " | BPE same data | GPT-NeoX |",
+              "|---|---|---|---|" + "---|" * (len(variants) + 2)]
+    for key, lang in UDHR_TRAINED.items():
+        r0 = rows0[key]
+        cells = []
+        for v in variants:
+            c = [next(r for r in m["udhr"] if r["lang"] == key)["chunks_rel:m"] for m in by_variant[v]]
+            cells.append(f"{np.mean(c):.2f}")
+        lines.append(f"| {key} | {lang} | {r0['script']} | {r0['bytes_rel']:.2f} | " + " | ".join(cells)
+                     + f" | {r0['tokens_rel:bpe-same-data']:.2f} | {r0['tokens_rel:gpt-neox']:.2f} |")
+    return "\n".join(lines)
+
+
+def chart(by_variant, toks, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants = [v for v in METHOD_ORDER if v in by_variant]
+    keys = sorted(UDHR_TRAINED, key=lambda k: next(r for r in toks["udhr"] if r["lang"] == k)["tokens_rel:gpt-neox"])
+    series = []
+    for v in variants:
+        vals = np.array([[next(r for r in m["udhr"] if r["lang"] == k)["chunks_rel:m"] for k in keys]
+                         for m in by_variant[v]])
+        err = vals.std(axis=0, ddof=1) / math.sqrt(len(vals)) if len(vals) > 1 else None
+        series.append((f"{v} ({len(vals)} seed{'s' if len(vals) > 1 else ''})", vals.mean(0), err))
+    rows = {r["lang"]: r for r in toks["udhr"]}
+    series.append(("BPE, same data and rate", np.array([rows[k]["tokens_rel:bpe-same-data"] for k in keys]), None))
+    series.append(("GPT-NeoX BPE", np.array([rows[k]["tokens_rel:gpt-neox"] for k in keys]), None))
+    series.append(("UTF-8 bytes", np.array([rows[k]["bytes_rel"] for k in keys]), None))
+    fig, ax = plt.subplots(figsize=(15, 5.5))
+    k = len(series)
+    w = 0.85 / k
+    xs = np.arange(len(keys))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (lab, v, e) in enumerate(series):
+        ax.bar(xs + (i - (k - 1) / 2) * w, v, width=w, yerr=e, label=lab, color=colors[i % len(colors)],
+               capsize=1.5, error_kw={"lw": 0.7})
+    ax.axhline(1.0, color="#333", lw=0.8)
+    ax.set_xticks(xs, [f"{UDHR_TRAINED[k]}\n{rows[k]['script']}" for k in keys], fontsize=8)
+    ax.set_ylabel("chunks (tokens) for the same text, relative to English")
+    ax.set_title("UDHR, the 20 training languages: cost of the same content relative to English "
+                 "(tiny models, 4 MB of multilingual training; error bars: SE over seeds)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, ncol=4, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("runs", nargs="?", default="runs/multilingual")
+    m.add_argument("--threads", type=int, default=1)
+    m.add_argument("--shard", default="0/1", help="K/N: measure every N-th run from the K-th (run N side by side)")
+    m.set_defaults(func=cmd_measure)
+    r = sub.add_parser("report")
+    r.set_defaults(func=cmd_report)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
