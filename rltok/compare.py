@@ -322,12 +322,17 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
     rates = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])]
     bps = [r["bytes_per_s"] for r in steps if isinstance(r.get("bytes_per_s"), (int, float))]
     train_rate = float(np.mean(rates)) if rates else None
+    # the rate over the second half of training: where a rate-matched comparison must hold r*
+    late = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])
+            and r.get("bytes", 0) > summary.get("bytes", 0) / 2]
     fam = getattr(model, "family", "unet")
     rate_for_flops = train_rate if fam in ("unet", "bpe-lm") else None
     fc = training_flops_per_byte(model, model.run_config, rate_for_flops)
     n_bytes = int(summary.get("bytes", 0))
     return {
-        "train_rate": train_rate, "bytes_per_s": float(np.median(bps)) if bps else float("nan"),
+        "train_rate": train_rate, "train_rate_late": float(np.mean(late)) if late else None,
+        "target_rate": float(getattr(model.run_config.boundary, "target_rate", float("nan"))),
+        "bytes_per_s": float(np.median(bps)) if bps else float("nan"),
         "params": int(summary.get("params", sum(p.numel() for p in model.parameters()))),
         "train_bytes": n_bytes, "train_seconds": summary.get("train_seconds"),
         "flops_per_byte": fc.per_byte, "train_flops": fc.total(n_bytes), "flops": fc.to_dict(),

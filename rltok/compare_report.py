@@ -24,7 +24,7 @@ from .flops import format_flops
 
 _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "word_start_recall", "bpe_precision", "bpe_recall", "bpe_f1",
               "boundary_enrichment", "start_surprisal_ratio",
-              "train_rate", "flops_per_byte", "train_flops", "bytes_per_s", "params", "train_bytes",
+              "train_rate", "train_rate_late", "target_rate", "flops_per_byte", "train_flops", "bytes_per_s", "params", "train_bytes",
               "corpus_bpb")
 
 
@@ -72,6 +72,7 @@ def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path
             m["diff_vs_baseline"], m["diff_se"] = float(d.mean()), standard_error(d)
             m["docs_better_than_baseline"] = float((d < 0).mean())
         methods.append(m)
+    mark_matching(methods)
     ref_info_path = ref_path.with_suffix(".info.json")
     ref_info = json.loads(ref_info_path.read_text()) if ref_info_path.is_file() else {}
     eval_bytes = sorted({r["bytes"] for r in records})
@@ -86,6 +87,36 @@ def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path
         "methods": methods,
         "runs": records,
     }
+
+
+RATE_TOLERANCE = 0.01  # a rate-matched cell holds r* within this, late in training and at evaluation
+FLOP_TOLERANCE = 0.03  # a FLOP-matched cell is within 3% of the rl cell's training FLOPs per byte
+# methods whose rate is set to the target (by training or by fitting a BPE vocabulary to it)
+RATE_MATCHED_METHODS = ("rl", "uniform", "nawrot", "hnet", "bpe")
+
+
+def mark_matching(methods: list[dict]) -> None:
+    """Per finished method: ``flops_vs_rl`` (its training FLOPs per byte over the first rl cell's)
+    and ``flop_matched`` (within FLOP_TOLERANCE); for the methods steered or fitted to the target
+    rate, ``rate_matched``: the second half of training and the evaluation both within
+    RATE_TOLERANCE of r* (None for methods at their natural rate)."""
+    done = [m for m in methods if m["status"] == "done"]
+    ref = next((m for m in done if m["method"] == "rl"), None)
+    for m in done:
+        if ref is not None and math.isfinite(ref.get("flops_per_byte", float("nan"))):
+            m["flops_vs_rl"] = m["flops_per_byte"] / ref["flops_per_byte"]
+            m["flop_matched"] = bool(abs(m["flops_vs_rl"] - 1) <= FLOP_TOLERANCE)
+        if m["method"] in RATE_MATCHED_METHODS and math.isfinite(m.get("target_rate", float("nan"))):
+            t, late = m["target_rate"], m.get("train_rate_late", float("nan"))
+            m["rate_matched"] = bool(abs(m["rate"] - t) <= RATE_TOLERANCE
+                                     and (not math.isfinite(late) or abs(late - t) <= RATE_TOLERANCE))
+        else:
+            m["rate_matched"] = None
+
+
+def _matching_cell(m: dict) -> str:
+    flops = "—" if "flops_vs_rl" not in m else f"{m['flops_vs_rl']:.2f}" + ("" if m["flop_matched"] else " †")
+    return flops
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -115,7 +146,8 @@ def method_table(results: dict) -> str:
     head = ["method", "seeds", "bits/byte ± SE (docs)", "± SE (seeds)"]
     if base:
         head.append(f"Δ vs {base} (paired)")
-    head += ["rate", "ws recall", "ws precision", "word-start recall", "BPE F1", "train FLOPs", "bytes/s", "params"]
+    head += ["rate", "train rate (2nd half)", "ws recall", "ws precision", "word-start recall", "BPE F1",
+             "train FLOPs", "FLOPs/byte vs rl", "bytes/s", "params"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for m in results["methods"]:
         if m["status"] != "done":
@@ -125,9 +157,11 @@ def method_table(results: dict) -> str:
                    "± " + _f(m["bpb_se_seeds"]) if math.isfinite(m["bpb_se_seeds"]) else "—"]
             if base:
                 row.append("(baseline)" if m["tag"] == base else _pm(m.get("diff_vs_baseline"), m.get("diff_se")))
-            row += [_f(m["rate"], 3), _f(m["whitespace_recall"], 3), _f(m["whitespace_precision"], 3),
-                    _f(m.get("word_start_recall", float("nan")), 3), _f(m["bpe_f1"], 3), format_flops(m["train_flops"]), _count(m["bytes_per_s"]),
-                    _count(m["params"])]
+            off = " *" if m.get("rate_matched") is False else ""
+            row += [_f(m["rate"], 3) + off, _f(m.get("train_rate_late"), 3), _f(m["whitespace_recall"], 3),
+                    _f(m["whitespace_precision"], 3), _f(m.get("word_start_recall", float("nan")), 3),
+                    _f(m["bpe_f1"], 3), format_flops(m["train_flops"]), _matching_cell(m),
+                    _count(m["bytes_per_s"]), _count(m["params"])]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -176,6 +210,10 @@ def markdown(results: dict, records: list[dict]) -> str:
         "* train FLOPs: analytic training FLOPs (rltok/flops.py: 6 x matmul parameters per position "
         "plus causal attention) at each run's mean training rate, times its training bytes. "
         "bytes/s: median training throughput.",
+        f"* \\* after a rate: a method steered or fitted to the target rate ({', '.join(RATE_MATCHED_METHODS)}) "
+        f"that is more than {RATE_TOLERANCE} off it at evaluation or over the second half of training "
+        f"(not rate-matched). † after FLOPs/byte vs rl: more than {FLOP_TOLERANCE:.0%} away from the rl "
+        f"cell's training FLOPs per byte (not FLOP-matched).",
         "",
         "## Runs",
         "",

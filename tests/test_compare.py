@@ -152,3 +152,23 @@ def test_compare_dry_run(capsys, tmp_path):
                  "--out", str(tmp_path / "c"), "--dry-run"])
     out = capsys.readouterr().out
     assert code == 0 and "5 runs" in out and not (tmp_path / "c").exists()
+
+
+def test_cells_off_rate_or_off_flops_are_marked():
+    """A rate-targeted cell more than 0.01 off r* (at evaluation or late in training) is not
+    rate-matched; a cell more than 3% from rl's training FLOPs per byte is not FLOP-matched; a
+    method at its natural rate (whitespace) is neither."""
+    from rltok.compare_report import mark_matching, method_table
+
+    def cell(tag, method, rate, late, flops):
+        return {"tag": tag, "method": method, "status": "done", "rate": rate, "train_rate_late": late,
+                "target_rate": 0.2, "flops_per_byte": flops}
+
+    ms = [cell("rl", "rl", 0.205, 0.199, 10e6), cell("hnet", "hnet", 0.204, 0.29, 10.2e6),
+          cell("bpe", "bpe", 0.235, 0.236, 10.5e6), cell("ws", "whitespace", 0.17, 0.17, 9e6),
+          {"tag": "nawrot", "method": "nawrot", "status": "pending"}]
+    mark_matching(ms)
+    assert [m.get("rate_matched") for m in ms[:4]] == [True, False, False, None]
+    assert [m["flop_matched"] for m in ms[:4]] == [True, True, False, False]
+    assert ms[2]["flops_vs_rl"] == pytest.approx(1.05)
+    assert "rate_matched" not in ms[4]
