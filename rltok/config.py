@@ -260,7 +260,8 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.rate_schedule": 3, "boundary.flop_price": 3, "boundary.prescribed": 3,
     "boundary.warm_start_bytes": 3, "boundary.is_clip": 3, "boundary.upsample": 3, "boundary.pool": 3,
     "model.shared_head": 3,
-    "data.language_temperature": 4, "boundary.rate_scope": 4,
+    "data.language_temperature": 4, "boundary.rate_scope": 4, "boundary.match": 4,
+    "boundary.rate_control": 4, "boundary.control_gain": 4,
 }
 
 

@@ -203,13 +203,26 @@ def test_bpe_lm_matches_unet_flops(tmp_path, hello_tok):
 
 @pytest.mark.parametrize("preset", ["smoke", "tiny", "147M"])
 def test_bytes_model_matches_unet_params(preset):
-    cfg = build_config("bytes", preset)
+    cfg = build_config("bytes", preset, overrides={"boundary.match": "params"})
     with torch.device("meta"):
         model = get_method("bytes").build(cfg, None)
     n = sum(p.numel() for p in model.parameters())
     assert n == pytest.approx(reference_unet_params(cfg), rel=2e-3)
     assert model.family == "bytes"
     assert model.window is None  # full attention: the presets' boundary.window is the rl policy's
+
+
+@pytest.mark.parametrize("preset", ["tiny", "147M"])
+def test_bytes_model_matches_unet_flops(preset):
+    """By default the flat byte model spends the reference U-Net's training FLOPs per byte (at
+    the target rate), and so has fewer parameters than it."""
+    cfg = build_config("bytes", preset)
+    with torch.device("meta"):
+        model = get_method("bytes").build(cfg, None)
+    ours = training_flops_per_byte(model, cfg).per_byte
+    ref = unet_flops(reference_unet(cfg), cfg, cfg.boundary.target_rate).per_byte
+    assert ours == pytest.approx(ref, rel=0.01)
+    assert sum(p.numel() for p in model.parameters()) < reference_unet_params(cfg)
 
 
 def test_bytes_model_is_causal():

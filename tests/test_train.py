@@ -85,6 +85,36 @@ def test_rate_penalty_drives_rate_to_target(small_corpus_file):
     assert abs(sum(rates[-10:]) / 10 - 0.2) < 0.03
 
 
+@pytest.mark.parametrize("start", [0.05, 0.95])
+def test_hnet_threshold_control_holds_the_target_rate(small_corpus_file, start):
+    """H-Net with rate_control=threshold, started with a threshold far too low (rate near 1) or
+    far too high (rate near 0), is brought to r* = 0.2 within a few dozen steps; without it the
+    rate stays where the routing puts it."""
+    from rltok.data.sources import load_corpus
+
+    def rates(control):
+        cfg = _cfg(small_corpus_file, "hnet", **{"boundary.threshold": start, "boundary.rate_control": control,
+                                                 "boundary.control_gain": 0.2})
+        torch.manual_seed(0)
+        model = get_method("hnet").build(cfg, None)
+        ds = SequenceDataset(load_corpus(str(small_corpus_file)), cfg.model.seq_len, seed=0)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        out = []
+        for step in range(60):
+            sl = training_loss(model, ds.batch(ds.step_indices(step, 8)), cfg)
+            opt.zero_grad()
+            sl.loss.backward()
+            opt.step()
+            out.append(float(sl.stats["n_boundary"] / sl.stats["n_valid"]))
+        return out, model
+
+    held, model = rates("threshold")
+    assert abs(sum(held[-10:]) / 10 - 0.2) < 0.03
+    assert "boundary.threshold" in model.state_dict()  # saved with the weights
+    free, _ = rates("")
+    assert abs(sum(free[-10:]) / 10 - 0.2) > 0.1
+
+
 def test_bad_step_is_skipped_and_counted(small_corpus_file, tmp_path, monkeypatch):
     """A NaN loss skips the optimizer step, is logged with the data position, and the run
     continues."""

@@ -1,10 +1,12 @@
-"""``bytes``: a flat byte-level Transformer, no hierarchy, at the U-Net's parameter count.
+"""``bytes``: a flat byte-level Transformer, no hierarchy, at the U-Net's training FLOPs per byte
+(``boundary.match=flops``, the default) or at its parameter count (``match=params``).
 
 Every layer runs on every byte (full causal attention by default), so at equal parameters it
-spends several times the U-Net's FLOPs per byte: the cost the hierarchy saves. The width is the
-U-Net's d_model; the depth and MLP width are chosen (``size_bytes_model``) so that the total
-parameter count equals that of the U-Net of the same model config (4d MLP layers, then the MLP
-width adjusted to close the gap). The choice is written into the run's config at setup.
+spends several times the U-Net's FLOPs per byte (2.1x at the tiny preset): the cost the hierarchy
+saves; at equal FLOPs it has far fewer parameters. The width is the U-Net's d_model; the depth and
+MLP width are chosen (``size_bytes_model``) so that the FLOPs per byte (or the parameters) equal
+those of the U-Net of the same model config at its target rate (4d MLP layers, then the MLP width
+adjusted to close the gap). The choice is written into the run's config at setup.
 """
 
 from __future__ import annotations
@@ -28,9 +30,13 @@ class BytesConfig(BoundaryConfig):
     # attention window in bytes; 0 = full causal attention. (Not named ``window``: presets set
     # boundary.window for the rl policy, and that must not reach this model.)
     attn_window: int = 0
+    # flops: the reference U-Net's training FLOPs per byte (at target_rate); params: its parameters
+    match: str = "flops"
 
     def validate(self) -> None:
         super().validate()
+        if self.match not in ("flops", "params"):
+            raise RltokError(f"boundary.match={self.match!r} must be flops or params")
         for k in ("n_layers", "mlp_hidden", "attn_window"):
             if getattr(self, k) < 0:
                 raise RltokError(f"boundary.{k} must be >= 0")
@@ -41,10 +47,21 @@ class ByteLM(FlatLM):
 
 
 def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:
-    """(layers, MLP width) so the flat model has the reference U-Net's parameter count."""
-    from ..flops import reference_unet_params, solve_hidden
+    """(layers, MLP width) so the flat model has the reference U-Net's training FLOPs per byte
+    (``match=flops``) or parameter count (``match=params``)."""
+    from ..flops import (ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, reference_unet_params,
+                         solve_hidden)
 
     bc, d = cfg.boundary, cfg.model.d_model
+    if bc.match == "flops":
+        target = reference_unet_flops(cfg).per_byte
+        head = 6 * d * N_OUTPUT_IDS
+        attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(cfg.model.seq_len, bc.attn_window or None)
+        per_layer_4d = 6 * (4 * d * d + 3 * d * 4 * d) + attn
+        layers = bc.n_layers or max(1, round((target - head) / per_layer_4d))
+        if bc.mlp_hidden:
+            return layers, bc.mlp_hidden
+        return layers, solve_hidden(target, head + layers * (6 * 4 * d * d + attn), 6 * 3 * d * layers)
     target = reference_unet_params(cfg)
     fixed = flat_params(N_INPUT_IDS, N_OUTPUT_IDS, d, 0, 0)
     per_layer_4d = flat_params(0, 0, d, 1, 4 * d)
@@ -96,5 +113,5 @@ register(MethodSpec(
     config_cls=BytesConfig,
     build=_build,
     setup=_setup,
-    description="flat byte-level Transformer, no hierarchy, at the U-Net's parameter count",
+    description="flat byte-level Transformer, no hierarchy, at the U-Net's training FLOPs per byte (or parameters)",
 ))

@@ -16,6 +16,13 @@ and gives byte t the smoothed output of its chunk times a straight-through confi
 The ratio loss (weight ``alpha`` = 0.03) keeps the rate near r*: with N = 1/r*, F the fraction of
 boundaries and G the mean probability, L = N/(N-1) ((N-1) F G + (1-F)(1-G)).
 
+The ratio loss alone leaves the tiny preset at rate 0.27-0.31 for r* = 0.2 (the paper's port does
+not say how closely its runs held r*). ``rate_control=threshold`` (rltok's, not H-Net's) holds the
+rate where a rate-matched comparison needs it: the threshold theta of b_t = [p_t >= theta] is
+an integral controller on the achieved training rate F, theta += control_gain * (F - r*) after
+every training micro-batch (clamped to [0.02, 0.98]; a buffer, so saved and restored with the
+weights, and fixed at evaluation). The routing, EMA and ratio loss are unchanged.
+
 Differences from H-Net itself, as in the paper's port: Transformer encoder/decoder instead of
 Mamba-2, a plain residual (no residual projection), no per-stage learning-rate multipliers. The
 EMA is a pure-PyTorch blocked parallel scan (``ema_scan``) instead of Mamba-2's SSD kernel; a
@@ -48,6 +55,9 @@ class HNetConfig(BoundaryConfig):
     alpha: float = 0.03  # weight of the ratio loss
     threshold: float = 0.5
     scan_block: int = 64  # block length of the parallel EMA scan
+    # "": the fixed threshold (H-Net); threshold: adapt it to hold target_rate (module docstring)
+    rate_control: str = ""
+    control_gain: float = 0.1
 
     def validate(self) -> None:
         super().validate()
@@ -57,6 +67,10 @@ class HNetConfig(BoundaryConfig):
             raise RltokError(f"boundary.threshold={self.threshold} must be in (0, 1)")
         if self.scan_block < 1:
             raise RltokError("boundary.scan_block must be >= 1")
+        if self.rate_control not in ("", "threshold"):
+            raise RltokError(f"boundary.rate_control={self.rate_control!r} must be '' or threshold")
+        if not 0 < self.control_gain < 10:
+            raise RltokError(f"boundary.control_gain={self.control_gain} must be in (0, 10)")
 
 
 def ema_loop(x: Tensor, p: Tensor) -> Tensor:
@@ -123,6 +137,11 @@ class HNetBoundaries(BoundaryModule):
         with torch.no_grad():
             self.q_proj.weight.copy_(torch.eye(d))
             self.k_proj.weight.copy_(torch.eye(d))
+        if cfg.rate_control == "threshold":
+            self.register_buffer("threshold", torch.tensor(float(cfg.threshold)))
+
+    def _threshold(self) -> Tensor | float:
+        return self.threshold if self.cfg.rate_control == "threshold" else self.cfg.threshold
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
@@ -131,7 +150,7 @@ class HNetBoundaries(BoundaryModule):
         cos = (q * k).sum(-1)
         p = torch.clamp((1 - cos) / 2, 0.0, 1.0)
         p = F.pad(p, (1, 0), value=1.0)  # p_0 = 1
-        b = fixed.bool() if fixed is not None else p >= self.cfg.threshold
+        b = fixed.bool() if fixed is not None else p >= self._threshold()
         b = force_ends(b, valid)
         decided = decided_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=p)
@@ -153,7 +172,12 @@ class HNetBoundaries(BoundaryModule):
         G = (out.probs * dec + (v - dec)).sum() / n
         Fr = ctx.reduce_mean((out.hard.detach() * v).sum() / n)
         loss = est.ratio_loss(Fr, G, self.cfg.target_rate)
-        return self.cfg.alpha * loss, {"ratio_loss": loss.detach(), "policy_rate": G.detach()}
+        stats = {"ratio_loss": loss.detach(), "policy_rate": G.detach()}
+        if self.cfg.rate_control == "threshold" and self.training:
+            with torch.no_grad():
+                self.threshold.add_(self.cfg.control_gain * (Fr.detach() - self.cfg.target_rate)).clamp_(0.02, 0.98)
+            stats["threshold"] = self.threshold.detach().clone()
+        return self.cfg.alpha * loss, stats
 
 
 register(MethodSpec(
