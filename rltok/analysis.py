@@ -284,23 +284,31 @@ def disparity(rows: Sequence[dict], key: str) -> dict[str, float]:
     return {"max_over_min": float(v.max() / v.min()), "cv": float(v.std() / v.mean())}
 
 
+def run_bpe_path(cfg, max_bytes: int = 20_000_000):
+    """Where :func:`run_bpe` caches the BPE of this data config and target rate."""
+    import hashlib
+    import json as _json
+
+    from .data.builtin import cache_dir
+
+    # "docs": how fit_docs picks documents (2: a fixed random order across the split)
+    key = _json.dumps({"data": cfg.data.__dict__, "rate": cfg.boundary.target_rate, "max_bytes": max_bytes,
+                       "docs": 2}, sort_keys=True)
+    return cache_dir() / "bpe" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+
+
 def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
     """A BPE trained on the run's training split, its vocabulary fitted so that its tokens per byte
     match the run's target rate (the comparison the paper's BPE guidance makes). Cached under
     ``$RLTOK_CACHE/bpe/`` by (data source, split, rate). Returns (tokenizer, label)."""
-    import hashlib
-    import json as _json
     import sys
 
     from .boundaries.bpe import fit_docs
     from .bpe import fit_bpe_to_rate, load_tokenizer, save_tokenizer
     from .data import load_splits
-    from .data.builtin import cache_dir
 
     rate = cfg.boundary.target_rate
-    # "docs": how fit_docs picks documents (2: a fixed random order across the split)
-    key = _json.dumps({"data": cfg.data.__dict__, "rate": rate, "max_bytes": max_bytes, "docs": 2}, sort_keys=True)
-    path = cache_dir() / "bpe" / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
+    path = run_bpe_path(cfg, max_bytes)
     if path.is_file():
         tok = load_tokenizer(path)
     else:

@@ -118,3 +118,27 @@ def test_language_temperature_needs_languages(tmp_path):
         load_splits(cfg)
     with pytest.raises(RltokError, match="language_temperature"):
         build_config("rl", "smoke", overrides={"data.language_temperature": 0.0})
+
+
+def test_language_temperature_through_load_splits(tmp_path, monkeypatch):
+    """On a (cached) built-in multilingual corpus, the training split is reweighted toward the
+    small language, documents cut into pieces keep their language, and the held-out splits are
+    untouched."""
+    from rltok.data import load_splits
+    from rltok.data import multilingual as ml
+
+    monkeypatch.setenv("RLTOK_CACHE", str(tmp_path))
+    rng = np.random.default_rng(1)
+    docs = [("en", bytes(rng.integers(97, 123, 300, dtype=np.uint8))) for _ in range(90)]
+    docs += [("el", "αβγδ".encode() * 60 + bytes(rng.integers(97, 123, 300, dtype=np.uint8))) for _ in range(10)]
+    ml.write_cached(tmp_path / ml.VERSION / "multilingual", docs)
+    ml.write_cached(tmp_path / ml.VERSION / "multilingual-heldout", [("en", b"x" * 50)])
+    over = {"data.source": "multilingual", "data.val_docs": 10, "data.max_doc_bytes": 200}
+    natural = load_splits(build_config("rl", "smoke", overrides=over))
+    warm = load_splits(build_config("rl", "smoke", overrides={**over, "data.language_temperature": 4.0}))
+
+    def el_share(c):
+        return sum(len(c.doc_bytes(i)) for i in range(len(c)) if "α".encode() in c.doc_bytes(i)) / c.total_bytes
+
+    assert el_share(warm.train) > 2 * el_share(natural.train)
+    assert np.array_equal(warm.val.data, natural.val.data)

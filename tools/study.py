@@ -1,0 +1,407 @@
+"""Issue 13: the replication study v2 -- every method at matched rate and compute, three seeds,
+a budget ladder on a corpus seen once.
+
+    python tools/study.py run --rungs 2M            # train + measure every cell of the rung (resumable)
+    python tools/study.py run --rungs 8M --ablations
+    python tools/study.py report                    # results/study/results.json, tables, plots
+    python tools/study.py plan --rungs 2M,8M,32M    # the cells, and which are done
+
+A cell is (rung, method tag, seed): ``rltok train --preset tiny --data english --bytes RUNG
+--seed SEED`` with the tag's overrides, in runs/study/RUNG/TAG_sSEED (resumed where a run was cut
+short), then measured in-process. Its record, results/study/cells/RUNG/TAG_sSEED.json, holds the
+method, seed, bytes, epochs over the training split, achieved rate (evaluation, whole training,
+second half of training), training FLOPs per byte, parameters, bits-per-byte on each evaluation set
+with the per-document values, and boundary statistics. A finished cell is never redone; commit
+its record as it appears (``run`` prints each).
+
+What is matched:
+
+* data: the built-in English corpus (~55 MB) with 256 validation and 256 test documents held out;
+  every cell sees the same byte order for a given seed; at 32 MB no training byte is seen twice;
+* rate: r* = 0.2. rl, uniform, nawrot hold it by training; hnet with ``rate_control=threshold``
+  (rltok's controller, module docstring of rltok/boundaries/hnet.py); bpe and bpe-lm use one BPE
+  fitted to r* on the training split (tokens per byte on the validation split is recorded in
+  results/study/bpe.json); stride is 1/5 exactly; whitespace runs at its natural rate;
+* compute: the U-Nets differ only in their boundary module; ``bytes`` is sized to the U-Net's
+  training FLOPs per byte (``boundary.match=flops``) and bpe-lm likewise (within 5%);
+  ``bytes-params`` is the parameter-matched flat model, labelled so.
+
+Evaluation sets (every cell, same documents, same boundary draws):
+
+* ``test``: the English test split, BOS + the first seq_len bytes of each document (the paper's);
+* ``c4``: the first 256 documents of ../shared/data/webtext/c4/c4_sample.jsonl (out of domain);
+* ``wikitext``: WikiText-2 test (../shared/data/wikitext2_raw/wiki.test.raw), cut into 64 kB
+  pieces, every byte of the first 8 pieces scored (``--whole``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "results" / "study"
+RUNS = ROOT / "runs" / "study"
+SHARED = ROOT.parent / "shared" / "data"
+RUNGS = {"2M": 2_000_000, "8M": 8_000_000, "32M": 32_000_000}
+SEEDS = (1, 2, 3)
+TARGET_RATE = 0.2
+COMMON = ["--preset", "tiny", "--data", "english", "--set", "data.test_docs=256"]
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "rl": ("rl", []),  # the tiny default: w = 1, s = 1, init_scale = 0
+    "rl-paper": ("rl", ["boundary.window=8", "boundary.scale=0.0625"]),  # the paper's policy settings
+    "uniform": ("uniform", []),
+    "stride": ("stride", []),
+    "whitespace": ("whitespace", []),
+    "bpe": ("bpe", []),
+    "nawrot": ("nawrot", []),
+    "hnet": ("hnet", ["boundary.rate_control=threshold"]),
+    "bytes": ("bytes", []),  # FLOP-matched
+    "bytes-params": ("bytes", ["boundary.match=params"]),  # parameter-matched (2.1x the FLOPs)
+    "bpe-lm": ("bpe-lm", []),
+}
+ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's, against "rl" (at the 8 MB rung)
+    "abl-gamma1": ("rl", ["boundary.gamma=1"]),
+    "abl-no-early-exit": ("rl", ["boundary.reward=neg_ce"]),
+    "abl-no-batch-relative": ("rl", ["boundary.baseline=none"]),
+    "abl-w8": ("rl", ["boundary.window=8"]),
+    "abl-scale16": ("rl", ["boundary.scale=0.0625"]),
+    "abl-no-rate-penalty": ("rl", ["boundary.rate_weight=0"]),
+}
+TOP_RUNG = ("rl", "uniform", "nawrot", "hnet", "bpe", "bpe-lm", "bytes")  # the issue's minimum at 32 MB
+EVAL_SETS = {
+    "test": {"split": "test"},
+    "c4": {"data": str(SHARED / "webtext" / "c4" / "c4_sample.jsonl"), "docs": 256},
+    "wikitext": {"data": str(SHARED / "wikitext2_raw" / "wiki.test.raw"), "docs": 8, "whole": True},
+}
+
+
+def variants() -> dict[str, tuple[str, list[str]]]:
+    return {**VARIANTS, **ABLATIONS}
+
+
+def plan(rungs: list[str], ablations: bool) -> list[tuple[str, str, int]]:
+    """Cells in the order they run: rung by rung, seed by seed (so a cut-short rung has whole seeds)."""
+    cells = []
+    for rung in rungs:
+        tags = list(TOP_RUNG) if rung == "32M" else list(VARIANTS)
+        if ablations and rung != "2M":
+            tags += list(ABLATIONS)
+        cells += [(rung, tag, seed) for seed in SEEDS for tag in tags]
+    return cells
+
+
+def cell_path(rung: str, tag: str, seed: int) -> Path:
+    return OUT / "cells" / rung / f"{tag}_s{seed}.json"
+
+
+# -- the shared BPE --------------------------------------------------------------------------------
+
+def shared_bpe() -> Path:
+    """One BPE fitted to r* on the training split, shared by every bpe and bpe-lm cell (fitted once,
+    cached by rltok.analysis.run_bpe); its tokens per byte on the validation split recorded."""
+    from rltok.analysis import run_bpe, run_bpe_path
+    from rltok.bpe import tokens_per_byte
+    from rltok.config import build_config
+    from rltok.data import load_splits
+
+    cfg = build_config("bpe", "tiny", overrides={"data.source": "english", "data.test_docs": 256})
+    tok, _ = run_bpe(cfg, progress=True)
+    path = run_bpe_path(cfg)
+    rec = OUT / "bpe.json"
+    if not rec.is_file():
+        val = load_splits(cfg).val
+        rate = tokens_per_byte(tok, [val.doc_bytes(i) for i in range(len(val))])
+        OUT.mkdir(parents=True, exist_ok=True)
+        rec.write_text(json.dumps({"path": str(path), "vocab_size": tok.get_vocab_size(), "target_rate": TARGET_RATE,
+                                   "val_tokens_per_byte": rate, "within_0.01": abs(rate - TARGET_RATE) <= 0.01},
+                                  indent=1) + "\n")
+    return path
+
+
+# -- one cell ---------------------------------------------------------------------------------------
+
+def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
+    method, sets = variants()[tag]
+    run = RUNS / rung / f"{tag}_s{seed}"
+    if (run / "summary.json").is_file():
+        return run
+    cmd = [sys.executable, "-m", "rltok", "train", "--method", method, *COMMON, "--bytes", str(RUNGS[rung]),
+           "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]
+    for s in sets:
+        cmd += ["--set", s]
+    if method in ("bpe", "bpe-lm"):
+        cmd += ["--set", f"boundary.tokenizer={tokenizer}"]
+    if run.is_dir():
+        cmd.append("--resume")
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.parent / f"{run.name}.log", "a") as log:
+        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (rc {r.returncode}); see {run.parent / (run.name + '.log')}")
+    return run
+
+
+def _eval_corpus(name: str, cfg):
+    from rltok.data import load_splits
+    from rltok.data.sources import load_corpus
+
+    spec = EVAL_SETS[name]
+    if "split" in spec:
+        return getattr(load_splits(cfg), spec["split"])
+    return load_corpus(spec["data"], cfg.data)
+
+
+def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> dict:
+    import numpy as np
+
+    import rltok
+    from rltok.analysis import boundary_stats
+    from rltok.bpe import load_tokenizer
+    from rltok.compare import training_record
+    from rltok.evaluate import evaluate_corpus
+
+    model = rltok.load(run)
+    cfg = model.run_config
+    train_bytes = load_splits_train_bytes(cfg)
+    rec = {"rung": rung, "tag": tag, "method": cfg.method, "seed": seed, "overrides": variants()[tag][1],
+           "bytes": RUNGS[rung], "corpus": "english", "train_split_bytes": train_bytes,
+           "epochs": RUNGS[rung] / train_bytes, "weights": model.weights, **training_record(run, model)}
+    rec.pop("flops", None)
+    for name, spec in EVAL_SETS.items():
+        corpus = _eval_corpus(name, cfg)
+        r = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=spec.get("docs"), whole=spec.get("whole", False),
+                            dtype=cfg.train.dtype, batch_size=16)
+        rec[name] = r.to_dict(per_doc=True)
+    # boundary statistics on the first 64 test documents, against the shared BPE
+    test = _eval_corpus("test", cfg)
+    docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
+    if getattr(model, "family", "unet") != "bytes":
+        st = boundary_stats(model, docs, load_tokenizer(tokenizer), dtype=cfg.train.dtype)
+        rec["boundary_stats"] = st.to_dict()
+    rec["rate"] = rec["test"]["rate"]
+    rec["bpb"] = rec["test"]["bpb"]
+    return json.loads(json.dumps(rec, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
+
+
+def load_splits_train_bytes(cfg) -> int:
+    from rltok.data import load_splits
+
+    return int(load_splits(cfg).train.total_bytes)
+
+
+def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
+    dest = OUT / "runs" / rung / f"{tag}_s{seed}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "summary.json", "metrics.jsonl", "tokenizer.info.json"):
+        if (run / f).is_file():
+            shutil.copy2(run / f, dest / f)
+
+
+def cmd_cell(args) -> int:
+    from rltok.threads import set_threads
+
+    set_threads(1)
+    path = cell_path(args.rung, args.tag, args.seed)
+    if path.is_file():
+        return 0
+    tokenizer = Path(json.loads((OUT / "bpe.json").read_text())["path"])
+    t0 = time.time()
+    run = train_cell(args.rung, args.tag, args.seed, tokenizer)
+    rec = measure_cell(args.rung, args.tag, args.seed, run, tokenizer)
+    keep_run_files(args.rung, args.tag, args.seed, run)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(path)
+    print(f"cell {args.rung} {args.tag} s{args.seed}: bpb {rec['bpb']:.4f} rate {rec['rate']:.3f} "
+          f"({time.time() - t0:.0f} s)", flush=True)
+    return 0
+
+
+def cmd_run(args) -> int:
+    from rltok.threads import set_threads
+
+    set_threads(1)
+    shared_bpe()
+    todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
+    print(f"{len(todo)} cells to run", flush=True)
+
+    def one(c):
+        rung, tag, seed = c
+        r = subprocess.run([sys.executable, __file__, "cell", rung, tag, str(seed)], capture_output=True, text=True)
+        sys.stdout.write(r.stdout)
+        if r.returncode != 0:
+            sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {r.stderr.strip().splitlines()[-1:]}\n")
+        sys.stdout.flush()
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(one, todo))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    for c in plan(args.rungs.split(","), args.ablations):
+        print(("done " if cell_path(*c).is_file() else "todo ") + " ".join(map(str, c)))
+    return 0
+
+
+# -- report -----------------------------------------------------------------------------------------
+
+def _se(x) -> float:
+    import numpy as np
+
+    x = np.asarray(x, dtype=float)
+    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
+
+
+def summarize(cells: list[dict]) -> dict:
+    """Per rung and tag: mean ± SE over seeds of bpb on each evaluation set, rate, FLOPs; the
+    paired (per document, per seed) difference against uniform; and the matching flags."""
+    import numpy as np
+
+    out: dict = {}
+    by: dict = {}
+    for c in cells:
+        by.setdefault(c["rung"], {}).setdefault(c["tag"], []).append(c)
+    for rung, tags in by.items():
+        rl = tags.get("rl")
+        rl_flops = float(np.mean([c["flops_per_byte"] for c in rl])) if rl else float("nan")
+        uni = {c["seed"]: c for c in tags.get("uniform", [])}
+        for tag, cs in tags.items():
+            s: dict = {"method": cs[0]["method"], "seeds": sorted(c["seed"] for c in cs)}
+            for ev in EVAL_SETS:
+                v = [c[ev]["bpb"] for c in cs]
+                s[f"{ev}_bpb"] = {"mean": float(np.mean(v)), "se_seeds": _se(v), "per_seed": v}
+                # seed-level paired difference vs uniform of the same seed (mean over documents)
+                d = [c[ev]["bpb"] - uni[c["seed"]][ev]["bpb"] for c in cs if c["seed"] in uni]
+                if d and tag != "uniform":
+                    s[f"{ev}_delta_vs_uniform"] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
+            for k in ("rate", "train_rate", "train_rate_late", "flops_per_byte", "params", "epochs"):
+                vals = [c.get(k) for c in cs if c.get(k) is not None]
+                s[k] = float(np.mean(vals)) if vals else float("nan")
+            for k in ("whitespace_recall", "word_start_recall"):
+                s[k] = float(np.mean([c["test"][k] for c in cs]))
+            if all("boundary_stats" in c for c in cs):
+                s["bpe_f1"] = float(np.mean([c["boundary_stats"].get("bpe_f1", float("nan")) for c in cs]))
+            s["flops_vs_rl"] = s["flops_per_byte"] / rl_flops
+            s["flop_matched"] = abs(s["flops_vs_rl"] - 1) <= 0.03
+            if s["method"] in ("rl", "uniform", "nawrot", "hnet", "bpe", "stride"):
+                late = s["train_rate_late"]
+                s["rate_matched"] = bool(abs(s["rate"] - TARGET_RATE) <= 0.01
+                                         and (not math.isfinite(late) or abs(late - TARGET_RATE) <= 0.01))
+            out.setdefault(rung, {})[tag] = s
+    return out
+
+
+def _pm(d: dict, nd=4) -> str:
+    se = d.get("se_seeds", float("nan"))
+    return f"{d['mean']:.{nd}f}" + (f" ± {se:.{nd}f}" if math.isfinite(se) else "")
+
+
+def tables(summary: dict) -> str:
+    lines = []
+    order = list(VARIANTS) + list(ABLATIONS)
+    for rung in sorted(summary, key=lambda r: RUNGS[r]):
+        lines += [f"### {rung} bytes per run", "",
+                  "| method | seeds | test bpb | Δ vs uniform (test) | C4 bpb | Δ vs uniform (C4) | WikiText-2 bpb "
+                  "| rate | train rate (2nd half) | FLOPs/byte vs rl | ws recall | word-start recall | epochs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for tag in [t for t in order if t in summary[rung]]:
+            s = summary[rung][tag]
+            rate_mark = " *" if s.get("rate_matched") is False else ""
+            flop_mark = "" if s["flop_matched"] else " †"
+            dt = s.get("test_delta_vs_uniform")
+            dc = s.get("c4_delta_vs_uniform")
+            lines.append(
+                f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {_pm(dt) if dt else '—'} | {_pm(s['c4_bpb'])} "
+                f"| {_pm(dc) if dc else '—'} | {_pm(s['wikitext_bpb'])} | {s['rate']:.3f}{rate_mark} "
+                f"| {s['train_rate_late']:.3f} | {s['flops_vs_rl']:.2f}{flop_mark} | {s['whitespace_recall']:.3f} "
+                f"| {s['word_start_recall']:.3f} | {s['epochs']:.2f} |")
+        lines.append("")
+    lines += ["bpb: mean over seeds ± SE over seeds (each seed's value is its mean over documents). "
+              "Δ vs uniform: per seed, the method's bpb minus uniform's of the same seed on the same "
+              "documents; mean ± SE over seeds. * rate more than 0.01 off r* = 0.2 at evaluation or over "
+              "the second half of training (for methods steered or fitted to it). † training FLOPs per byte "
+              "more than 3% from rl's."]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rungs = sorted(summary, key=lambda r: RUNGS[r])
+    tags = [t for t in VARIANTS if any(t in summary[r] for r in rungs)]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
+    for tag in tags:
+        xs = [RUNGS[r] for r in rungs if tag in summary[r]]
+        ys = [summary[r][tag]["test_bpb"]["mean"] for r in rungs if tag in summary[r]]
+        es = [summary[r][tag]["test_bpb"]["se_seeds"] for r in rungs if tag in summary[r]]
+        a1.errorbar(xs, ys, yerr=np.nan_to_num(es), marker="o", capsize=2, label=tag)
+        d = [(RUNGS[r], summary[r][tag]["test_delta_vs_uniform"]) for r in rungs
+             if tag in summary[r] and "test_delta_vs_uniform" in summary[r][tag]]
+        if d:
+            a2.errorbar([x for x, _ in d], [v["mean"] for _, v in d], yerr=np.nan_to_num([v["se_seeds"] for _, v in d]),
+                        marker="o", capsize=2, label=tag)
+    for a in (a1, a2):
+        a.set_xscale("log", base=2)
+        a.set_xlabel("training bytes per run")
+        a.grid(alpha=0.3)
+    a1.set_ylabel("test bits/byte (English, first seq_len bytes per document)")
+    a2.set_ylabel("Δ bits/byte vs uniform (same seed, same documents)")
+    a2.axhline(0, color="#333", lw=0.8)
+    a1.set_title("bits/byte against training bytes (mean ± SE over seeds)", fontsize=10)
+    a2.set_title("difference from uniform boundaries", fontsize=10)
+    a1.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def cmd_report(args) -> int:
+    cells = [json.loads(p.read_text()) for p in sorted((OUT / "cells").glob("*/*.json"))]
+    if not cells:
+        sys.exit(f"{OUT / 'cells'}: no finished cells")
+    summary = summarize(cells)
+    slim = [{k: v for k, v in c.items()} for c in cells]
+    bpe = json.loads((OUT / "bpe.json").read_text()) if (OUT / "bpe.json").is_file() else {}
+    (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "cells": slim}) + "\n")
+    (OUT / "tables.md").write_text(tables(summary) + "\n")
+    plot(summary, OUT / "ladder.png")
+    print(f"wrote {OUT}/results.json, tables.md, ladder.png ({len(cells)} cells)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, fn in (("run", cmd_run), ("plan", cmd_plan)):
+        q = sub.add_parser(name)
+        q.add_argument("--rungs", default="2M")
+        q.add_argument("--ablations", action="store_true", help="add the paper's ablations (8 MB rung and up)")
+        q.add_argument("--jobs", type=int, default=2)
+        q.set_defaults(func=fn)
+    c = sub.add_parser("cell")
+    c.add_argument("rung", choices=list(RUNGS))
+    c.add_argument("tag", choices=list(variants()))
+    c.add_argument("seed", type=int)
+    c.set_defaults(func=cmd_cell)
+    sub.add_parser("report").set_defaults(func=cmd_report)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
