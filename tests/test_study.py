@@ -1,0 +1,52 @@
+"""The replication study's bookkeeping (tools/study.py): the cell plan, and the seed-level summary
+that decides its claims (paired against uniform of the same seed; matching flags)."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def study():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import study as s
+    finally:
+        sys.path.pop(0)
+    return s
+
+
+def _cell(tag, method, seed, bpb, rate=0.2, late=0.2, flops=9.5e6):
+    ev = {"bpb": bpb, "rate": rate, "whitespace_recall": 0.8, "word_start_recall": 0.7}
+    return {"rung": "2M", "tag": tag, "method": method, "seed": seed, "bytes": 2_000_000, "rate": rate,
+            "train_rate": late, "train_rate_late": late, "flops_per_byte": flops, "params": 1, "epochs": 0.04,
+            "test": dict(ev), "c4": dict(ev), "wikitext": dict(ev)}
+
+
+def test_plan_runs_whole_seeds_and_the_top_rung_subset(study):
+    cells = study.plan(["2M", "32M"], ablations=True)
+    two = [c for c in cells if c[0] == "2M"]
+    assert len(two) == 3 * len(study.VARIANTS)  # no ablations at 2 MB
+    assert [c[2] for c in two[: len(study.VARIANTS)]] == [1] * len(study.VARIANTS)  # seed 1 first
+    top = {c[1] for c in cells if c[0] == "32M"}
+    assert {"rl", "uniform", "nawrot", "hnet", "bpe", "bpe-lm"} <= top and "abl-gamma1" in top
+
+
+def test_summary_pairs_seeds_against_uniform_and_flags_matching(study):
+    cells = [_cell("uniform", "uniform", s, 2.0 + 0.1 * s) for s in (1, 2, 3)]
+    cells += [_cell("rl", "rl", s, 1.9 + 0.1 * s + 0.01 * (s - 2)) for s in (1, 2, 3)]
+    cells += [_cell("hnet", "hnet", s, 2.0, rate=0.2, late=0.3, flops=9.6e6) for s in (1, 2, 3)]
+    cells += [_cell("bytes-params", "bytes", s, 1.8, flops=20e6) for s in (1, 2, 3)]
+    s = study.summarize(cells)["2M"]
+    d = s["rl"]["test_delta_vs_uniform"]
+    # per seed: -0.11, -0.10, -0.09 -> mean -0.10, SE over seeds 0.01/sqrt(3)
+    assert d["mean"] == pytest.approx(-0.10) and d["se_seeds"] == pytest.approx(0.01 / 3 ** 0.5)
+    assert s["rl"]["test_bpb"]["se_seeds"] == pytest.approx(0.11 / 3 ** 0.5)
+    assert s["rl"]["rate_matched"] and not s["hnet"]["rate_matched"]  # off r* late in training
+    assert s["hnet"]["flop_matched"] and not s["bytes-params"]["flop_matched"]
+    assert "rate_matched" not in s["bytes-params"]  # a flat model has no boundary rate to match
+    table = study.tables(study.summarize(cells))
+    assert "| hnet | 3 |" in table and " *" in table and " †" in table
