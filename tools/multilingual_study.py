@@ -350,6 +350,31 @@ def chart(by_variant, toks, out: Path) -> None:
     plt.close(fig)
 
 
+PICTURE_LANGS = {"deu_1996": "Latin", "rus": "Cyrillic", "jpn": "CJK", "cmn_hans": "CJK", "ell_monotonic": "Greek"}
+
+
+def cmd_pictures(args) -> int:
+    """Boundary pictures (``rltok boundaries --png --html``) of UDHR's preamble and first articles
+    in a few scripts, for the given runs."""
+    import subprocess
+
+    from rltok.analysis import read_udhr
+
+    texts = {t.key: t for t in read_udhr(UDHR, list(PICTURE_LANGS))}
+    dest = OUT / "boundaries"
+    dest.mkdir(parents=True, exist_ok=True)
+    for run in args.runs:
+        name = Path(run).name
+        for key in PICTURE_LANGS:
+            text = "\n".join(texts[key].paragraphs[:4])
+            base = dest / f"{name}_{key}"
+            subprocess.run([sys.executable, "-m", "rltok", "boundaries", run, f"--text={text}", "--max-bytes", "1200",
+                            "--png", str(base) + ".png", "--html", str(base) + ".html", "--threads", "1"],
+                           check=True, stdout=subprocess.DEVNULL)
+            print(f"wrote {base}.png/.html")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -358,6 +383,9 @@ def main(argv=None) -> int:
     m.add_argument("--threads", type=int, default=1)
     m.add_argument("--shard", default="0/1", help="K/N: measure every N-th run from the K-th (run N side by side)")
     m.set_defaults(func=cmd_measure)
+    pic = sub.add_parser("pictures")
+    pic.add_argument("runs", nargs="+")
+    pic.set_defaults(func=cmd_pictures)
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
