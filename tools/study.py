@@ -166,13 +166,12 @@ def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
     return run
 
 
-def _eval_corpus(name: str, cfg):
-    from rltok.data import load_splits
+def _eval_corpus(name: str, cfg, splits):
     from rltok.data.sources import load_corpus
 
     spec = EVAL_SETS[name]
     if "split" in spec:
-        return getattr(load_splits(cfg), spec["split"])
+        return getattr(splits, spec["split"])
     return load_corpus(spec["data"], cfg.data)
 
 
@@ -185,20 +184,23 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     from rltok.compare import training_record
     from rltok.evaluate import evaluate_corpus
 
+    from rltok.data import load_splits
+
     model = rltok.load(run)
     cfg = model.run_config
-    train_bytes = load_splits_train_bytes(cfg)
+    splits = load_splits(cfg)
+    train_bytes = int(splits.train.total_bytes)
     rec = {"rung": rung, "tag": tag, "method": cfg.method, "seed": seed, "overrides": variants()[tag][1],
            "bytes": RUNGS[rung], "corpus": "english", "train_split_bytes": train_bytes,
            "epochs": RUNGS[rung] / train_bytes, "weights": model.weights, **training_record(run, model)}
     rec.pop("flops", None)
     for name, spec in EVAL_SETS.items():
-        corpus = _eval_corpus(name, cfg)
+        corpus = _eval_corpus(name, cfg, splits)
         r = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=spec.get("docs"), whole=spec.get("whole", False),
                             dtype=cfg.train.dtype, batch_size=16)
         rec[name] = r.to_dict(per_doc=True)
     # boundary statistics on the first 64 test documents, against the shared BPE
-    test = _eval_corpus("test", cfg)
+    test = splits.test
     docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
     if getattr(model, "family", "unet") != "bytes":
         st = boundary_stats(model, docs, load_tokenizer(tokenizer), dtype=cfg.train.dtype)
@@ -206,12 +208,6 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     rec["rate"] = rec["test"]["rate"]
     rec["bpb"] = rec["test"]["bpb"]
     return json.loads(json.dumps(rec, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
-
-
-def load_splits_train_bytes(cfg) -> int:
-    from rltok.data import load_splits
-
-    return int(load_splits(cfg).train.total_bytes)
 
 
 def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
