@@ -377,6 +377,7 @@ def cmd_pictures(args) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--results", default=None, help="results folder (default: results/multilingual of this checkout)")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
     m.add_argument("runs", nargs="?", default="runs/multilingual")
@@ -389,6 +390,9 @@ def main(argv=None) -> int:
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
+    if args.results:
+        global OUT
+        OUT = Path(args.results).resolve()
     return args.func(args)
 
 
