@@ -378,6 +378,7 @@ def cmd_pictures(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--results", default=None, help="results folder (default: results/multilingual of this checkout)")
+    p.add_argument("--udhr", default=None, help="UDHR folder (default: ../shared/data/multilingual/udhr of this checkout)")
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
     m.add_argument("runs", nargs="?", default="runs/multilingual")
@@ -390,9 +391,11 @@ def main(argv=None) -> int:
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
+    global OUT, UDHR
     if args.results:
-        global OUT
         OUT = Path(args.results).resolve()
+    if args.udhr:
+        UDHR = Path(args.udhr).resolve()
     return args.func(args)
 
 
