@@ -297,24 +297,10 @@ def _summary_mtime(run_dir: Path) -> float:
     return p.stat().st_mtime if p.exists() else 0.0
 
 
-def read_metrics(run_dir: Path) -> list[dict]:
-    from .run import METRICS
-
-    p = Path(run_dir) / METRICS
-    if not p.is_file():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
 def training_record(run_dir: Path, model) -> dict[str, Any]:
     """Training rate, throughput, parameters and FLOPs of a finished run."""
     from .flops import training_flops_per_byte
+    from .metrics import read_metrics
     from .run import read_summary
 
     summary = read_summary(run_dir) or {}

@@ -224,7 +224,7 @@ def markdown(results: dict, records: list[dict]) -> str:
 
 
 def _series(run_dir: str) -> tuple[dict[int, dict], list[dict]]:
-    from .compare import read_metrics
+    from .metrics import read_metrics
 
     steps, evals = {}, []
     for r in read_metrics(Path(run_dir)):

@@ -22,11 +22,11 @@ from torch import nn
 from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
 from .config import FORMAT_VERSION, RunConfig
 from .errors import RltokError
+from .metrics import METRICS  # noqa: F401  (part of the run layout)
 from .version import __version__
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
-METRICS = "metrics.jsonl"
 SUMMARY = "summary.json"
 LOCK = ".lock"
 

@@ -311,18 +311,9 @@ def render_png(data: bytes, boundaries: np.ndarray, probs: np.ndarray | None, ou
 # -- charts --------------------------------------------------------------------------------------
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    from .errors import RltokError
+    from .metrics import read_metrics as read
 
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise RltokError(f"{run_dir}: no metrics.jsonl (not a run, or not started)")
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue  # a line cut by a crash
-    return out
+    return read(run_dir, missing_ok=False)
 
 
 CURVES = (  # (title, [(metric key, record kind, style)])
