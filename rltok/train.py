@@ -316,12 +316,29 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
         lock.release()
 
 
-def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume: bool, progress: bool,
-           splits: Splits | None, stop_at_step: int | None) -> TrainResult:
-    t = cfg.train
-    layout = batch_layout(cfg, info.world)
+@dataclass
+class LoopState:
+    """What the training loop carries from step to step. The checkpoint saves it (``saved``) and
+    resuming restores it (``from_saved``); ``last_saved`` is the newest checkpoint's step on disk."""
 
-    torch.manual_seed(t.seed)
+    step: int = 0
+    bytes_seen: int = 0
+    bad_total: int = 0  # non-finite steps skipped in all
+    consecutive_bad: int = 0  # ... in a row, up to the last one checked
+    last_saved: int = -1
+
+    def saved(self) -> dict[str, int]:
+        return {"step": self.step, "bytes_seen": self.bytes_seen, "bad_steps": self.bad_total,
+                "consecutive_bad_steps": self.consecutive_bad}
+
+    @classmethod
+    def from_saved(cls, state: dict[str, Any]) -> "LoopState":
+        return cls(step=state["step"], bytes_seen=state["bytes_seen"], bad_total=int(state.get("bad_steps", 0)),
+                   consecutive_bad=int(state.get("consecutive_bad_steps", 0)), last_saved=state["step"])
+
+
+def _setup_run(cfg: RunConfig, out: Path, info: DistInfo, resume: bool, splits: Splits | None) -> Splits:
+    """The splits; on a new run, the method's setup (e.g. fitting a BPE) and RUN/config.json."""
     splits = splits or load_splits(cfg)
     if len(splits.train) == 0:
         raise RltokError(f"data source {cfg.data.source!r}: no training documents after the split")
@@ -333,223 +350,299 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
             spec.setup(cfg, splits.train, out)
         write_config(out, cfg)
     info.barrier()
+    return splits
 
-    from .parallel import (compile_blocks, full_optimizer_state, full_state_dict, load_full_optimizer_state,
-                           wrap_data_parallel)
 
+def _resume(model: nn.Module, out: Path, log: MetricsLog, info: DistInfo, warn) -> tuple[LoopState, Any]:
+    """Load the newest valid checkpoint's weights and RNG into ``model``: the loop state, and what
+    the optimizer needs once it exists (None when there is no checkpoint)."""
+    found = ckpt.load_latest_checkpoint(out, warn=warn)
+    if found is None:
+        warn(f"rltok: {out} has no valid checkpoint; starting from step 0")
+        log.truncate_after(0)
+        return LoopState(), None
+    path, m, o, state = found
+    check_weights(model, m, path)
+    try:
+        model.load_state_dict(m)  # full weights, before sharding: any world size
+        if "torch_rng" in state:
+            torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ckpt.CheckpointError(f"{path}: does not fit this run's model "
+                                   f"({str(e).splitlines()[0][:200]})") from None
+    loop = LoopState.from_saved(state)
+    log.truncate_after(loop.step)
+    world = state.get("world_size", info.world)
+    warn(f"rltok: resuming {out} from {path.name} (step {loop.step}, {loop.bytes_seen:,} bytes"
+         f"{'' if world == info.world else ', saved with %d processes, now %d' % (world, info.world)})")
+    return loop, (o, state, path)
+
+
+def _load_optimizer(model: nn.Module, opt, found, sharded: bool) -> None:
+    from .parallel import load_full_optimizer_state
+
+    o, state, path = found
+    try:
+        load_full_optimizer_state(model, opt, o, state["optimizer"], sharded)
+    except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
+        raise ckpt.CheckpointError(f"{path}: optimizer state does not fit this run "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+
+
+@dataclass
+class Saver:
+    """Checkpoints of the loop: every rank takes part (gathering sharded weights is collective),
+    rank 0 writes; a step already on disk is never written twice."""
+
+    model: nn.Module
+    opt: torch.optim.Optimizer
+    cfg: RunConfig
+    info: DistInfo
+    out: Path
+    sharded: bool
+
+    def save(self, loop: LoopState) -> Path | None:
+        from .parallel import full_optimizer_state, full_state_dict
+
+        if loop.step == loop.last_saved:  # e.g. resumed at the end
+            return ckpt.checkpoint_dir(self.out) / f"step_{loop.step:08d}" if self.info.is_main else None
+        weights = full_state_dict(self.model)
+        optim = full_optimizer_state(self.model, self.opt, self.sharded)
+        path = None
+        if self.info.is_main:
+            state = {**loop.saved(), "world_size": self.info.world, "torch_rng": torch.get_rng_state().tolist(),
+                     "config": self.cfg.to_dict()}
+            path = ckpt.save_checkpoint(self.out, loop.step, weights, optim, state, self.cfg.train.keep_checkpoints)
+        self.info.barrier()
+        loop.last_saved = loop.step
+        return path
+
+
+def _evaluate(model: nn.Module, splits: Splits, cfg: RunConfig, info: DistInfo, log: MetricsLog,
+              sharded: bool, batch_size: int, loop: LoopState, tag: str) -> dict[str, Any]:
+    """Validation bits-per-byte and boundary statistics, logged as event ``tag``."""
+    t, res = cfg.train, {}
+    # sharded weights: every rank runs the (identical) evaluation, since each forward gathers
+    if (info.is_main or sharded) and t.eval_docs > 0 and len(splits.val):
+        r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs, dtype=t.dtype,
+                            seed=0, batch_size=batch_size)
+        res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
+               "val_whitespace_recall": r.whitespace_recall, "val_whitespace_precision": r.whitespace_precision,
+               "val_word_start_recall": r.word_start_recall, "val_docs": r.docs}
+        log.write({"event": tag, "step": loop.step, "bytes": loop.bytes_seen,
+                   **{k: _round(v) if isinstance(v, float) else v for k, v in res.items()}})
+    info.barrier()
+    return res
+
+
+class StepLog:
+    """Training statistics summed between log lines, and the throughput since the last one."""
+
+    def __init__(self, bytes_seen: int):
+        self.acc: dict[str, torch.Tensor] = {}
+        self.n = 0
+        self.t_start = self.t_log = time.perf_counter()
+        self.bytes_log = bytes_seen
+
+    def add(self, so: "StepOutput", accum: int) -> None:
+        for st in so.stats:
+            for k, v in st.items():
+                self.acc[k] = self.acc.get(k, 0) + v
+            self.n += 1
+        self.acc["loss"] = self.acc.get("loss", 0) + so.loss * accum
+        self.acc["grad_norm"] = self.acc.get("grad_norm", 0) + so.grad_norm * accum
+
+    def record(self, loop: LoopState, lr: float, info: DistInfo) -> dict[str, Any]:
+        rec = _reduce_stats(self.acc, self.n, info)
+        now = time.perf_counter()
+        rec.update(step=loop.step, bytes=loop.bytes_seen, lr=_round(lr),
+                   bytes_per_s=_round((loop.bytes_seen - self.bytes_log) / max(now - self.t_log, 1e-9)),
+                   elapsed_s=_round(now - self.t_start))
+        self.acc, self.n = {}, 0
+        self.t_log, self.bytes_log = now, loop.bytes_seen
+        return rec
+
+
+class SkippedSteps:
+    """Which steps the finite check skipped. The flags stay on the device until a log or
+    checkpoint interval, then one host read counts them into the loop state and logs each."""
+
+    def __init__(self, runner: "TrainStep", cfg: RunConfig, log: MetricsLog, warn):
+        self.runner, self.cfg, self.log, self.warn = runner, cfg, log, warn
+        self.pending: list[tuple[int, StepOutput]] = []
+
+    def add(self, step: int, so: "StepOutput") -> None:
+        self.pending.append((step, so))
+
+    def flush(self, loop: LoopState) -> None:
+        flags = torch.stack([p.skipped for _, p in self.pending]).tolist() if self.pending else []
+        for (s, p), f in zip(self.pending, flags):
+            if not f:
+                loop.consecutive_bad = 0
+                continue
+            loop.consecutive_bad += 1
+            loop.bad_total += 1
+            idx = self.runner.indices(s)
+            self.log.write({"event": "nonfinite", "step": s, "bytes": (s + 1) * self.cfg.bytes_per_step,
+                            "data_index": [int(idx[0]), int(idx[-1])], "loss": float(p.loss),
+                            "grad_norm": float(p.grad_norm), "consecutive": loop.consecutive_bad,
+                            "total": loop.bad_total})
+            self.warn(f"rltok: non-finite loss or gradient at step {s} (sequences {int(idx[0])}..{int(idx[-1])}): "
+                      f"step skipped ({loop.consecutive_bad} in a row, {loop.bad_total} in all)")
+        self.pending = []
+
+
+class StopCheck:
+    """Whether to stop after this step: a signal, ``stop_at_step``, or (under torchrun) a vote of
+    the ranks or the loss of the torchrun agent. Every rank stops at the same step."""
+
+    def __init__(self, stop, info: DistInfo, stop_at_step: int | None, warn):
+        self.stop, self.info, self.stop_at_step, self.warn = stop, info, stop_at_step, warn
+        self.vote = StopVote(info)
+        # under torchrun, a worker whose agent died (SIGKILL, OOM killer) stops as if sent SIGTERM
+        self.parent = os.getppid() if launched_by_torchrun() else None
+
+    def __call__(self, step: int) -> bool:
+        stop = self.stop
+        at_limit = self.stop_at_step is not None and step >= self.stop_at_step
+        if at_limit and stop.signum is None:
+            stop.signum = signal.SIGINT
+        if self.parent is not None and stop.signum is None and os.getppid() != self.parent:
+            self.warn("rltok: the torchrun agent is gone: stopping as if sent SIGTERM")
+            stop.signum = signal.SIGTERM
+        # a signal may reach one rank a step before another: the ranks vote every step (an
+        # asynchronous all-reduce read one step later) and stop together; stop_at_step is the
+        # same step on every rank
+        stopping = self.vote.step(stop.signum is not None) or at_limit
+        if self.info.enabled and stopping and stop.signum is None:
+            stop.signum = signal.SIGTERM
+        return stopping
+
+    def after_last_step(self) -> bool:
+        """A signal after the last step's vote (the run then stops before its final evaluation)."""
+        late = self.vote.finish() if self.info.enabled else self.stop.signum is not None
+        if late and self.stop.signum is None:
+            self.stop.signum = signal.SIGTERM
+        return late
+
+
+def _finish(model: nn.Module, cfg: RunConfig, info: DistInfo, out: Path, loop: LoopState, final: dict,
+            seconds: float) -> dict[str, Any]:
+    """RUN/model.safetensors and RUN/summary.json (the summary is returned)."""
+    from .parallel import full_state_dict
+
+    weights = full_state_dict(model)
+    summary: dict[str, Any] = {}
+    if info.is_main:
+        ckpt.save_tensors_atomic(out / MODEL, weights, metadata={"format": "rltok-model-v1", "method": cfg.method})
+        per_byte, per_chunk = _flop_params(model)
+        summary = {"finished": True, "method": cfg.method, "steps": loop.step, "bytes": loop.bytes_seen,
+                   "params": sum(p.numel() for p in model.parameters()),
+                   "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
+                   "train_seconds": _round(seconds), "bad_steps": loop.bad_total, "world_size": info.world, **final}
+        ckpt.write_json_atomic(out / SUMMARY, summary)
+    info.barrier()
+    return summary
+
+
+def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume: bool, progress: bool,
+           splits: Splits | None, stop_at_step: int | None) -> TrainResult:
+    from .parallel import compile_blocks, wrap_data_parallel
+
+    t = cfg.train
+    layout = batch_layout(cfg, info.world)
+    torch.manual_seed(t.seed)
+    splits = _setup_run(cfg, out, info, resume, splits)
     model = build_model(cfg, out).to(info.device)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
     for line in _start_lines(model, cfg, splits, info):
         warn(f"rltok: {line}")
-
-    step, bytes_seen, bad_total, consecutive_bad = 0, 0, 0, 0
-    resume_from = None
-    last_saved = -1  # the step of the newest checkpoint on disk (never write the same step twice)
-    if resume:
-        found = ckpt.load_latest_checkpoint(out, warn=warn)
-        if found is None:
-            warn(f"rltok: {out} has no valid checkpoint; starting from step 0")
-            log.truncate_after(0)
-        else:
-            path, m, o, state = found
-            check_weights(model, m, path)
-            try:
-                model.load_state_dict(m)  # full weights, before sharding: any world size
-                if "torch_rng" in state:
-                    torch.set_rng_state(torch.tensor(state["torch_rng"], dtype=torch.uint8))
-            except (RuntimeError, ValueError, TypeError) as e:
-                raise ckpt.CheckpointError(f"{path}: does not fit this run's model "
-                                           f"({str(e).splitlines()[0][:200]})") from None
-            resume_from = (o, state, path)
-            step, bytes_seen = state["step"], state["bytes_seen"]
-            bad_total = int(state.get("bad_steps", 0))
-            consecutive_bad = int(state.get("consecutive_bad_steps", 0))
-            last_saved = step
-            log.truncate_after(step)
-            warn(f"rltok: resuming {out} from {path.name} (step {step}, {bytes_seen:,} bytes"
-                 f"{'' if state.get('world_size', info.world) == info.world else ', saved with %d processes, now %d' % (state['world_size'], info.world)})")
-
+    loop, found = _resume(model, out, log, info, warn) if resume else (LoopState(), None)
     log.open_sinks(cfg, resume)
     if t.compile:
         compile_blocks(model)
     fwd: nn.Module = wrap_data_parallel(model, cfg, info) if info.enabled else model
     sharded = info.enabled and t.parallel == "fsdp"
     opt = make_optimizer(model, cfg)  # after sharding: FSDP replaces the parameters
-    if resume_from is not None:
-        o, state, path = resume_from
-        try:
-            load_full_optimizer_state(model, opt, o, state["optimizer"], sharded)
-        except (RuntimeError, ValueError, TypeError, KeyError, IndexError) as e:
-            raise ckpt.CheckpointError(f"{path}: optimizer state does not fit this run "
-                                       f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    if found is not None:
+        _load_optimizer(model, opt, found, sharded)
 
-    dataset = SequenceDataset(splits.train, cfg.model.seq_len, t.seed, cfg.data.packing)
-    runner = TrainStep(model, fwd, opt, cfg, info, dataset, layout)
+    runner = TrainStep(model, fwd, opt, cfg, info, SequenceDataset(splits.train, cfg.model.seq_len, t.seed,
+                                                                   cfg.data.packing), layout)
+    saver = Saver(model, opt, cfg, info, out, sharded)
     total_steps = cfg.total_steps
     total_bytes = total_steps * cfg.bytes_per_step
     ckpt_every = t.ckpt_every or max(1, math.ceil(total_steps / 10))
     eval_every = t.eval_every_bytes
-    next_eval = (bytes_seen // eval_every + 1) * eval_every if eval_every else None
-
-    def save(at_step: int) -> Path | None:
-        nonlocal last_saved
-        if at_step == last_saved:  # already on disk (e.g. resumed at the end): never rewrite it
-            return ckpt.checkpoint_dir(out) / f"step_{at_step:08d}" if info.is_main else None
-        # gathering sharded weights is collective: every rank takes part, rank 0 writes
-        weights = full_state_dict(model)
-        optim = full_optimizer_state(model, opt, sharded)
-        path = None
-        if info.is_main:
-            state = {"step": at_step, "bytes_seen": bytes_seen, "bad_steps": bad_total,
-                     "consecutive_bad_steps": consecutive_bad,
-                     "world_size": info.world, "torch_rng": torch.get_rng_state().tolist(),
-                     "config": cfg.to_dict()}
-            path = ckpt.save_checkpoint(out, at_step, weights, optim, state, t.keep_checkpoints)
-        info.barrier()
-        last_saved = at_step
-        return path
-
-    def evaluate(tag: str) -> dict[str, Any]:
-        res = {}
-        # sharded weights: every rank runs the (identical) evaluation, since each forward gathers
-        if (info.is_main or sharded) and t.eval_docs > 0 and len(splits.val):
-            r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs, dtype=t.dtype,
-                                seed=0, batch_size=max(1, layout.micro))
-            res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
-                   "val_whitespace_recall": r.whitespace_recall,
-                   "val_whitespace_precision": r.whitespace_precision,
-                   "val_word_start_recall": r.word_start_recall, "val_docs": r.docs}
-            log.write({"event": tag, "step": step, "bytes": bytes_seen,
-                       **{k: _round(v) if isinstance(v, float) else v for k, v in res.items()}})
-        info.barrier()
-        return res
-
-    bar = None
-    if progress and info.is_main:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total_bytes, initial=bytes_seen, unit="B", unit_scale=True,
-                   desc=f"train {cfg.method}", dynamic_ncols=True, smoothing=0.1)
-
-    acc: dict[str, torch.Tensor] = {}
-    acc_n = 0
-    pending: list[tuple[int, StepOutput]] = []  # steps since the last log, for the skip report
-    t_log, bytes_log = time.perf_counter(), bytes_seen
-    t_start = time.perf_counter()
+    next_eval = (loop.bytes_seen // eval_every + 1) * eval_every if eval_every else None
+    bar = _progress_bar(cfg, total_bytes, loop.bytes_seen) if progress and info.is_main else None
+    steplog, skipped = StepLog(loop.bytes_seen), SkippedSteps(runner, cfg, log, warn)
     exit_code = 0
     model.train()
-    vote = StopVote(info)
-    # under torchrun, a worker whose agent died (SIGKILL, OOM killer) stops as if sent SIGTERM
-    parent = os.getppid() if launched_by_torchrun() else None
     with StopRequest() as stop:
-        while step < total_steps:
-            lr = lr_at(bytes_seen, cfg, total_bytes)
-            so = runner(step, lr)
-            for st in so.stats:
-                for k, v in st.items():
-                    acc[k] = acc.get(k, 0) + v
-                acc_n += 1
-            acc["loss"] = acc.get("loss", 0) + so.loss * layout.accum
-            acc["grad_norm"] = acc.get("grad_norm", 0) + so.grad_norm * layout.accum
-            pending.append((step, so))
-            step += 1
-            bytes_seen += cfg.bytes_per_step
+        should_stop = StopCheck(stop, info, stop_at_step, warn)
+        while loop.step < total_steps:
+            lr = lr_at(loop.bytes_seen, cfg, total_bytes)
+            so = runner(loop.step, lr)
+            steplog.add(so, layout.accum)
+            skipped.add(loop.step, so)
+            loop.step += 1
+            loop.bytes_seen += cfg.bytes_per_step
             if bar is not None:
                 bar.update(cfg.bytes_per_step)
-
-            at_log = step % t.log_every == 0 or step == total_steps
-            if stop_at_step is not None and step >= stop_at_step and stop.signum is None:
-                stop.signum = signal.SIGINT
-            if parent is not None and stop.signum is None and os.getppid() != parent:
-                warn("rltok: the torchrun agent is gone: stopping as if sent SIGTERM")
-                stop.signum = signal.SIGTERM
-            # a signal may reach one rank a step before another: the ranks vote every step (an
-            # asynchronous all-reduce read one step later) and stop together; stop_at_step is the
-            # same step on every rank
-            stopping = vote.step(stop.signum is not None) or (stop_at_step is not None and step >= stop_at_step)
-            if info.enabled and stopping and stop.signum is None:
-                stop.signum = signal.SIGTERM
-            if at_log or stopping or step % ckpt_every == 0:
-                # one host read for the whole interval: which steps were skipped
-                flags = torch.stack([p[1].skipped for p in pending]).tolist()
-                for (s, p), f in zip(pending, flags):
-                    if f:
-                        consecutive_bad += 1
-                        bad_total += 1
-                        idx = runner.indices(s)
-                        log.write({"event": "nonfinite", "step": s, "bytes": (s + 1) * cfg.bytes_per_step,
-                                   "data_index": [int(idx[0]), int(idx[-1])], "loss": float(p.loss),
-                                   "grad_norm": float(p.grad_norm), "consecutive": consecutive_bad,
-                                   "total": bad_total})
-                        warn(f"rltok: non-finite loss or gradient at step {s} (sequences "
-                             f"{int(idx[0])}..{int(idx[-1])}): step skipped "
-                             f"({consecutive_bad} in a row, {bad_total} in all)")
-                    else:
-                        consecutive_bad = 0
-                pending = []
+            at_log = loop.step % t.log_every == 0 or loop.step == total_steps
+            stopping = should_stop(loop.step)
+            if at_log or stopping or loop.step % ckpt_every == 0:
+                skipped.flush(loop)
             if at_log:
-                rec = _reduce_stats(acc, acc_n, info)
-                now = time.perf_counter()
-                rec.update(step=step, bytes=bytes_seen, lr=_round(lr),
-                           bytes_per_s=_round((bytes_seen - bytes_log) / max(now - t_log, 1e-9)),
-                           elapsed_s=_round(now - t_start))
+                rec = steplog.record(loop, lr, info)
                 log.write(rec)
-                if bar is not None:
-                    bar.set_postfix(bpb=f"{rec.get('bpb', float('nan')):.3f}",
-                                    rate=f"{rec.get('rate', float('nan')):.3f}",
-                                    ws=f"{rec.get('whitespace_recall', float('nan')):.2f}")
-                acc, acc_n = {}, 0
-                t_log, bytes_log = now, bytes_seen
-            if consecutive_bad >= t.max_bad_steps:
-                path = save(step)
+                _show(bar, rec)
+            if loop.consecutive_bad >= t.max_bad_steps:
+                path = saver.save(loop)
                 raise NonFiniteError(
-                    f"training stopped: {consecutive_bad} consecutive non-finite steps at step {step} "
+                    f"training stopped: {loop.consecutive_bad} consecutive non-finite steps at step {loop.step} "
                     f"(train.max_bad_steps={t.max_bad_steps}); the last good weights are in "
                     f"{path or out / 'checkpoints'}")
-            if next_eval is not None and bytes_seen >= next_eval and step < total_steps:
-                evaluate("eval")
+            if next_eval is not None and loop.bytes_seen >= next_eval and loop.step < total_steps:
+                _evaluate(model, splits, cfg, info, log, sharded, max(1, layout.micro), loop, "eval")
                 next_eval += eval_every
-            if step % ckpt_every == 0 and step < total_steps and not stopping:
-                save(step)
+            if loop.step % ckpt_every == 0 and loop.step < total_steps and not stopping:
+                saver.save(loop)
             if stopping:
-                path = save(step)
+                path = saver.save(loop)
                 exit_code = stop.exit_code
-                warn(f"rltok: stopped at step {step}; checkpoint {path.name if path else ''} written; "
+                warn(f"rltok: stopped at step {loop.step}; checkpoint {path.name if path else ''} written; "
                      f"continue with --resume")
                 break
-        # a signal after the last step's vote: stop before the final evaluation (the last step's
-        # checkpoint holds everything; --resume writes the final weights)
-        late = vote.finish() if info.enabled else stop.signum is not None
-        if exit_code == 0 and late:
-            if stop.signum is None:
-                stop.signum = signal.SIGTERM
-            path = save(step)
+        # the last step's checkpoint holds everything; --resume writes the final weights
+        if exit_code == 0 and should_stop.after_last_step():
+            path = saver.save(loop)
             exit_code = stop.exit_code
-            warn(f"rltok: stopped at step {step} (the last); checkpoint {path.name if path else ''} written; "
+            warn(f"rltok: stopped at step {loop.step} (the last); checkpoint {path.name if path else ''} written; "
                  f"--resume writes the final weights")
         if bar is not None:
             bar.close()
-
         # the final phase (evaluation, weights, summary) is short: a signal now lets it finish
         summary: dict[str, Any] = {}
         if exit_code == 0:
-            save(step)
-            final = evaluate("final_eval")
-            weights = full_state_dict(model)
-            if info.is_main:
-                ckpt.save_tensors_atomic(out / MODEL, weights,
-                                         metadata={"format": "rltok-model-v1", "method": cfg.method})
-                per_byte, per_chunk = _flop_params(model)
-                summary = {
-                    "finished": True, "method": cfg.method, "steps": step, "bytes": bytes_seen,
-                    "params": sum(p.numel() for p in model.parameters()),
-                    "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
-                    "train_seconds": _round(time.perf_counter() - t_start), "bad_steps": bad_total,
-                    "world_size": info.world, **final,
-                }
-                ckpt.write_json_atomic(out / SUMMARY, summary)
-            info.barrier()
-    return TrainResult(run_dir=out, steps=step, bytes_seen=bytes_seen, exit_code=exit_code, summary=summary)
+            saver.save(loop)
+            final = _evaluate(model, splits, cfg, info, log, sharded, max(1, layout.micro), loop, "final_eval")
+            summary = _finish(model, cfg, info, out, loop, final, time.perf_counter() - steplog.t_start)
+    return TrainResult(run_dir=out, steps=loop.step, bytes_seen=loop.bytes_seen, exit_code=exit_code, summary=summary)
+
+
+def _progress_bar(cfg: RunConfig, total_bytes: int, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total_bytes, initial=initial, unit="B", unit_scale=True, desc=f"train {cfg.method}",
+                dynamic_ncols=True, smoothing=0.1)
+
+
+def _show(bar, rec: dict[str, Any]) -> None:
+    if bar is not None:
+        bar.set_postfix(bpb=f"{rec.get('bpb', float('nan')):.3f}", rate=f"{rec.get('rate', float('nan')):.3f}",
+                        ws=f"{rec.get('whitespace_recall', float('nan')):.2f}")
 
 
 def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
