@@ -100,11 +100,27 @@ MUTATIONS = [
              "            b, decided = b | given, decided & ~given\n",
              "            b, decided = b | given, decided\n",
              "prescribed boundaries counted as the policy's decisions in the estimator"),
+    Mutation("document_rate_uses_batch_rate", "rltok/boundaries/policy.py",
+             'segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None',
+             "segments = None",
+             "rate_scope=document falling back to the batch's rate controller"),
+    Mutation("document_rate_wrong_segment", "rltok/estimator.py",
+             "    within = torch.cumsum((ids == bos).long(), dim=1)\n",
+             "    within = torch.cumsum((ids == bos).long(), dim=1) * 0\n",
+             "document segments that ignore BOS (one segment per row)"),
+    Mutation("hnet_control_sign", "rltok/boundaries/hnet.py",
+             "self.threshold.add_(self.cfg.control_gain * (Fr.detach() - self.cfg.target_rate))",
+             "self.threshold.add_(self.cfg.control_gain * (self.cfg.target_rate - Fr.detach()))",
+             "H-Net's rate controller moving the threshold the wrong way"),
+    Mutation("temperature_ignored", "rltok/data/languages.py",
+             "    w = {k: (v / total) ** (1.0 / temperature) for k, v in byte_counts.items() if v > 0}",
+             "    w = {k: (v / total) for k, v in byte_counts.items() if v > 0}",
+             "temperature sampling that keeps the natural language shares"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
-               "tests/test_rates.py", "tests/test_policy_options.py"]
+               "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py"]
 
 
 def copy_tree(dst: Path) -> None:
