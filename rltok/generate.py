@@ -109,7 +109,7 @@ class PrefillOutput:
 
 
 @dataclass
-class StepOutput:
+class DecodeStep:
     logits: Tensor  # (B, 257): next-byte logits after the consumed byte
     boundary: BoundaryStep  # the method's decision on the consumed byte
 
@@ -180,7 +180,7 @@ def prefill(model: nn.Module, seqs: Sequence[Sequence[int]], *, noise: Tensor | 
 
 @torch.no_grad()
 def step(model: nn.Module, state: InferenceState, ids: Tensor, *, noise: Tensor | None = None,
-         mode: str = "sample", fixed: Tensor | None = None) -> StepOutput:
+         mode: str = "sample", fixed: Tensor | None = None) -> DecodeStep:
     """Consume one byte per row (``ids`` (B,), at positions ``state.pos``) and return the
     next-byte logits. ``noise`` (B,) are the boundary uniforms at these positions, ``fixed``
     (B,) imposes the boundary decisions. Updates ``state`` in place."""
@@ -209,7 +209,7 @@ def step(model: nn.Module, state: InferenceState, ids: Tensor, *, noise: Tensor 
     logits = model.head(model.norm(u))[:, 0]
     state.boundary = bs.state
     state.pos = pos + 1
-    return StepOutput(logits=logits, boundary=bs)
+    return DecodeStep(logits=logits, boundary=bs)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
 
 
 @dataclass
-class StepOutput:
+class TrainStepOutput:
     loss: torch.Tensor  # mean training loss over this rank's micro-steps (device scalar)
     grad_norm: torch.Tensor  # global gradient norm before clipping
     skipped: torch.Tensor  # 1.0 if the update was skipped (non-finite on any rank), else 0.0
@@ -249,7 +249,7 @@ class TrainStep:
     def indices(self, step: int):
         return self.dataset.step_indices(step, self.cfg.train.batch_size, self.info.rank, self.info.world)
 
-    def __call__(self, step: int, lr: float) -> StepOutput:
+    def __call__(self, step: int, lr: float) -> TrainStepOutput:
         cfg, info = self.cfg, self.info
         for g in self.opt.param_groups:
             g["lr"] = lr
@@ -267,7 +267,7 @@ class TrainStep:
         elif not bool(bad.item()):
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return StepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
+        return TrainStepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
 
     def _accumulate(self, indices) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Forward and backward over this rank's micro-batches; gradients sync on the last."""
@@ -444,7 +444,7 @@ class StepLog:
         self.t_start = self.t_log = time.perf_counter()
         self.bytes_log = bytes_seen
 
-    def add(self, so: "StepOutput", accum: int) -> None:
+    def add(self, so: "TrainStepOutput", accum: int) -> None:
         for st in so.stats:
             for k, v in st.items():
                 self.acc[k] = self.acc.get(k, 0) + v
@@ -469,9 +469,9 @@ class SkippedSteps:
 
     def __init__(self, runner: "TrainStep", cfg: RunConfig, log: MetricsLog, warn):
         self.runner, self.cfg, self.log, self.warn = runner, cfg, log, warn
-        self.pending: list[tuple[int, StepOutput]] = []
+        self.pending: list[tuple[int, TrainStepOutput]] = []
 
-    def add(self, step: int, so: "StepOutput") -> None:
+    def add(self, step: int, so: "TrainStepOutput") -> None:
         self.pending.append((step, so))
 
     def flush(self, loop: LoopState) -> None:
