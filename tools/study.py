@@ -6,6 +6,9 @@ a budget ladder on a corpus seen once.
     python tools/study.py report                    # results/study/results.json, tables, plots
     python tools/study.py plan --rungs 2M,8M,32M    # the cells, and which are done
 
+From a frozen checkout (so that edits cannot reach a running cell), point it at this one's folders:
+RLTOK_STUDY_RESULTS=results/study RLTOK_STUDY_RUNS=runs/study RLTOK_SHARED_DATA=../shared/data.
+
 A cell is (rung, method tag, seed): ``rltok train --preset tiny --data english --bytes RUNG
 --seed SEED`` with the tag's overrides, in runs/study/RUNG/TAG_sSEED (resumed where a run was cut
 short), then measured in-process. Its record, results/study/cells/RUNG/TAG_sSEED.json, holds the
@@ -51,9 +54,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "results" / "study"
-RUNS = ROOT / "runs" / "study"
-SHARED = ROOT.parent / "shared" / "data"
+# where cells, runs and the shared data are (environment variables, so that a frozen checkout can
+# run the study into the live one's folders, and its cell subprocesses inherit them)
+OUT = Path(os.environ.get("RLTOK_STUDY_RESULTS", ROOT / "results" / "study"))
+RUNS = Path(os.environ.get("RLTOK_STUDY_RUNS", ROOT / "runs" / "study"))
+SHARED = Path(os.environ.get("RLTOK_SHARED_DATA", ROOT.parent / "shared" / "data"))
 RUNGS = {"2M": 2_000_000, "8M": 8_000_000, "32M": 32_000_000}
 SEEDS = (1, 2, 3)
 TARGET_RATE = 0.2
