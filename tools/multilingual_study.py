@@ -314,6 +314,7 @@ def tables(by_variant, summary, tm, toks) -> str:
 
 def chart(by_variant, toks, out: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -339,8 +340,10 @@ def chart(by_variant, toks, out: Path) -> None:
         ax.bar(xs + (i - (k - 1) / 2) * w, v, width=w, yerr=e, label=lab, color=colors[i % len(colors)],
                capsize=1.5, error_kw={"lw": 0.7})
     ax.axhline(1.0, color="#333", lw=0.8)
+    ax.set_yscale("log", base=2)  # ratios: 2x and 1/2 as far from English
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_xticks(xs, [f"{UDHR_TRAINED[k]}\n{rows[k]['script']}" for k in keys], fontsize=8)
-    ax.set_ylabel("chunks (tokens) for the same text, relative to English")
+    ax.set_ylabel("chunks (tokens) for the same text, relative to English (log scale)")
     ax.set_title("UDHR, the 20 training languages: cost of the same content relative to English "
                  "(tiny models, 4 MB of multilingual training; error bars: SE over seeds)", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
