@@ -20,7 +20,8 @@ def study():
 
 
 def _cell(tag, method, seed, bpb, rate=0.2, late=0.2, flops=9.5e6):
-    ev = {"bpb": bpb, "rate": rate, "whitespace_recall": 0.8, "word_start_recall": 0.7}
+    ev = {"bpb": bpb, "rate": rate, "whitespace_recall": 0.8, "word_start_recall": 0.7,
+          "per_doc_bpb": [bpb - 0.1, bpb + 0.1]}
     return {"rung": "2M", "tag": tag, "method": method, "seed": seed, "bytes": 2_000_000, "rate": rate,
             "train_rate": late, "train_rate_late": late, "flops_per_byte": flops, "params": 1, "epochs": 0.04,
             "test": dict(ev), "c4": dict(ev), "wikitext": dict(ev)}
@@ -45,6 +46,7 @@ def test_summary_pairs_seeds_against_uniform_and_flags_matching(study):
     # per seed: -0.11, -0.10, -0.09 -> mean -0.10, SE over seeds 0.01/sqrt(3)
     assert d["mean"] == pytest.approx(-0.10) and d["se_seeds"] == pytest.approx(0.01 / 3 ** 0.5)
     assert s["rl"]["test_bpb"]["se_seeds"] == pytest.approx(0.11 / 3 ** 0.5)
+    assert d["mean_docs"] == pytest.approx(-0.10) and d["docs"] == 2  # per document, over the seeds
     assert s["rl"]["rate_matched"] and not s["hnet"]["rate_matched"]  # off r* late in training
     assert s["hnet"]["flop_matched"] and not s["bytes-params"]["flop_matched"]
     assert "rate_matched" not in s["bytes-params"]  # a flat model has no boundary rate to match

@@ -302,6 +302,13 @@ def summarize(cells: list[dict]) -> dict:
                 d = [c[ev]["bpb"] - uni[c["seed"]][ev]["bpb"] for c in cs if c["seed"] in uni]
                 if d and tag != "uniform":
                     s[f"{ev}_delta_vs_uniform"] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
+                    # per document (each document's difference averaged over the shared seeds):
+                    # resolves smaller differences, but measures the documents, not the training runs
+                    per = [np.subtract(c[ev]["per_doc_bpb"], uni[c["seed"]][ev]["per_doc_bpb"])
+                           for c in cs if c["seed"] in uni and "per_doc_bpb" in c[ev]]
+                    if per and len({len(x) for x in per}) == 1:
+                        dd = np.mean(per, axis=0)
+                        s[f"{ev}_delta_vs_uniform"].update(mean_docs=float(dd.mean()), se_docs=_se(dd), docs=len(dd))
             for k in ("rate", "train_rate", "train_rate_late", "flops_per_byte", "params", "epochs"):
                 vals = [c.get(k) for c in cs if c.get(k) is not None]
                 s[k] = float(np.mean(vals)) if vals else float("nan")
