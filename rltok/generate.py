@@ -44,172 +44,32 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .boundaries.base import BoundaryStep, select_rows
 from .config import BOS, PAD
 from .errors import RltokError
-from .model.layers import KVCache, rope_angles
+from .model.inference import DecodeStep, InferenceState, PrefillOutput  # noqa: F401  (the decoding types)
+from .model.inference import _fit, _pad_rows, _with_end_column
 
 STOP_REASONS = ("eos", "stop", "length")  # end of document predicted, stop string, max_new_bytes
 
 
 # ------------------------------------------------------------------------------------------------
-# Inference state, prefill and step (model-level, no sampling)
+# Prefill and step: the model's own (ByteUNet.prefill / .step); these names are kept for callers
 
 
-@dataclass
-class InferenceState:
-    """Everything a U-Net needs to continue a batch of sequences one byte at a time. The
-    tensors' first axis is the batch; :meth:`step` updates the state in place."""
-
-    encoder: list[KVCache]  # ring caches, one per encoder layer
-    main: list[KVCache]  # growing caches over chunks, one per main layer
-    decoder: list[KVCache]  # ring caches, one per decoder layer
-    boundary: Any  # the boundary method's decoding state (see BoundaryModule.step)
-    pending: Tensor  # (B, d): zhat of the most recent chunk
-    pos: Tensor  # (B,) long: position of the next byte to consume
-
-    @property
-    def batch_size(self) -> int:
-        return self.pos.shape[0]
-
-    @property
-    def chunks(self) -> Tensor:
-        """(B,) chunks so far per row."""
-        return self.main[0].length if self.main else torch.zeros_like(self.pos)
-
-    def select(self, rows: Tensor) -> "InferenceState":
-        """The state of a subset of rows (e.g. without the finished ones)."""
-        return InferenceState(encoder=[c.select(rows) for c in self.encoder],
-                              main=[c.select(rows) for c in self.main],
-                              decoder=[c.select(rows) for c in self.decoder],
-                              boundary=select_rows(self.boundary, rows),
-                              pending=self.pending[rows], pos=self.pos[rows])
-
-    def cache_bytes(self) -> dict[str, int]:
-        """Memory held: byte layers (bounded by the window), main layers (allocated and used,
-        bounded by the chunk count)."""
-        main_used = sum(2 * c.k[0, :, 0].numel() * c.k.element_size() * int(c.length.sum())
-                        for c in self.main)
-        return {"byte_layers": sum(c.nbytes() for c in self.encoder + self.decoder),
-                "main_allocated": sum(c.nbytes() for c in self.main), "main_used": main_used}
+def prefill(model: nn.Module, seqs: Sequence[Sequence[int]], **kw) -> PrefillOutput:
+    """:meth:`rltok.model.unet.ByteUNet.prefill` (the model owns its decoding)."""
+    return model.prefill(seqs, **kw)
 
 
-@dataclass
-class PrefillOutput:
-    logits: Tensor  # (B, 257): next-byte logits after each sequence
-    state: InferenceState
-    forward: Any  # the UNetOutput of the prefill forward pass (B, S+1): boundaries, logits, ...
-    lengths: Tensor  # (B,) sequence lengths (BOS included)
-
-
-@dataclass
-class DecodeStep:
-    logits: Tensor  # (B, 257): next-byte logits after the consumed byte
-    boundary: BoundaryStep  # the method's decision on the consumed byte
-
-
-def _pad_rows(seqs: Sequence[Sequence[int]], width: int, value: int, device) -> Tensor:
-    out = torch.full((len(seqs), width), value, dtype=torch.long)
-    for r, s in enumerate(seqs):
-        out[r, : len(s)] = torch.as_tensor(list(s), dtype=torch.long)
-    return out.to(device)
-
-
-def _fit(x: Tensor | None, width: int) -> Tensor | None:
-    """Cut or right-pad (zeros) a (B, N) tensor to (B, width)."""
-    if x is None:
-        return None
-    if x.shape[1] >= width:
-        return x[:, :width]
-    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
-
-
-def _with_end_column(lengths: Tensor, S: int) -> Tensor:
-    """Valid positions of a prefill: each row's ids plus one padding column after them, which
-    receives the forward pass's forced last boundary (forced per row at its last valid
-    position), so that every real position is decided by the method."""
-    return torch.arange(S, device=lengths.device)[None, :] <= lengths[:, None]
-
-
-@torch.no_grad()
-def prefill(model: nn.Module, seqs: Sequence[Sequence[int]], *, noise: Tensor | None = None,
-            mode: str = "sample", boundaries: Tensor | None = None, reserve: int = 16) -> PrefillOutput:
-    """Run the full forward pass once over a batch of id sequences of different lengths (each
-    starting with BOS) and build the inference state after their last ids.
-
-    ``noise`` (B, >= S) are the boundary uniforms per position; ``boundaries`` (B, >= S) impose
-    the decisions (teacher forcing; position 0 is forced anyway). ``reserve`` is the extra room
-    of the main-network caches before they first double.
-    """
-    if not seqs or any(len(s) == 0 for s in seqs):
-        raise RltokError("prefill needs at least one id (BOS) per sequence")
-    device = next(model.parameters()).device
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long, device=device)
-    S = int(lengths.max()) + 1  # + one padding column: the forward's forced last boundary
-    ids = _pad_rows(seqs, S, PAD, device)
-    kv: dict[tuple[str, int], tuple[Tensor, Tensor]] = {}
-
-    def record(stage: str, i: int, k: Tensor, v: Tensor) -> None:
-        kv[stage, i] = (k, v)
-
-    fixed = _fit(boundaries, S)
-    out = model(ids, noise=_fit(noise, S), mode=mode, valid=_with_end_column(lengths, S),
-                boundaries=None if fixed is None else fixed.bool(), on_kv=record)
-    W = model.cfg.window
-    bytepos = torch.arange(S, device=device).expand(len(seqs), S)
-    ch = out.chunks
-    n_chunks = (ch.valid & (ch.positions < lengths[:, None])).sum(1)
-    state = InferenceState(
-        encoder=[KVCache.from_prefill(*kv["encoder", i], bytepos, lengths, W) for i in range(len(model.encoder))],
-        main=[KVCache.from_prefill(*kv["main", i], ch.positions, n_chunks, None, reserve)
-              for i in range(len(model.main))],
-        decoder=[KVCache.from_prefill(*kv["decoder", i], bytepos, lengths, W) for i in range(len(model.decoder))],
-        boundary=model.boundary.decode_state(out.hidden, ids, out.boundary, lengths),
-        pending=model.boundary.decode_pending(out.zhat, out.boundary, ch, lengths - 1),
-        pos=lengths.clone(),
-    )
-    last = (lengths - 1)[:, None, None].expand(-1, 1, out.logits.shape[-1])
-    return PrefillOutput(logits=out.logits.gather(1, last)[:, 0], state=state, forward=out, lengths=lengths)
-
-
-@torch.no_grad()
-def step(model: nn.Module, state: InferenceState, ids: Tensor, *, noise: Tensor | None = None,
-         mode: str = "sample", fixed: Tensor | None = None) -> DecodeStep:
-    """Consume one byte per row (``ids`` (B,), at positions ``state.pos``) and return the
-    next-byte logits. ``noise`` (B,) are the boundary uniforms at these positions, ``fixed``
-    (B,) imposes the boundary decisions. Updates ``state`` in place."""
-    cfg = model.cfg
-    hd = cfg.d_model // cfg.n_heads
-    pos = state.pos
-    cos, sin = rope_angles(pos[:, None], hd, cfg.rope_theta)
-    x = model.embed(ids)[:, None]
-    for blk, c in zip(model.encoder, state.encoder):
-        x = blk.step(x, cos, sin, c, pos)
-    h = x[:, 0]
-    bs = model.boundary.step(h, ids, state.boundary, pos=pos, noise=noise, fixed=fixed, mode=mode)
-    rows = bs.b.nonzero().squeeze(1)
-    if rows.numel():  # only the rows that close a chunk run the main network, for one chunk
-        z = model.boundary.downsample_step(h, bs)[rows][:, None]
-        zpos = pos[rows]
-        zcos, zsin = rope_angles(zpos[:, None], hd, cfg.rope_theta)
-        zin = z
-        for blk, c in zip(model.main, state.main):
-            z = blk.step(z, zcos, zsin, c, zpos, rows)
-        z = model.boundary.chunk_output(z, zin)
-        state.pending = state.pending.index_copy(0, rows, z[:, 0].to(state.pending.dtype))
-    u = model.boundary.upsample_step(h, state.pending, bs)[:, None]
-    for blk, c in zip(model.decoder, state.decoder):
-        u = blk.step(u, cos, sin, c, pos)
-    logits = model.head(model.norm(u))[:, 0]
-    state.boundary = bs.state
-    state.pos = pos + 1
-    return DecodeStep(logits=logits, boundary=bs)
+def step(model: nn.Module, state: InferenceState, ids: Tensor, **kw) -> DecodeStep:
+    """:meth:`rltok.model.unet.ByteUNet.step`."""
+    return model.step(state, ids, **kw)
 
 
 # ------------------------------------------------------------------------------------------------

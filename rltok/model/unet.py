@@ -13,7 +13,7 @@ whose output predicts byte p_c + 1, so no shift is needed (spec 1.5).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -21,8 +21,10 @@ from torch import Tensor, nn
 from ..boundaries.base import BoundaryModule, BoundaryOutput
 from ..config import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig
 from ..hub import HubMixin
+from ..errors import RltokError
 from .chunking import Chunks, chunk_indices
-from .layers import Block, PackedRows, RMSNorm, rope_angles
+from .inference import DecodeStep, InferenceState, PrefillOutput, _fit, _pad_rows, _with_end_column
+from .layers import Block, KVCache, PackedRows, RMSNorm, rope_angles
 
 
 @dataclass
@@ -120,6 +122,80 @@ class ByteUNet(nn.Module, HubMixin):
         early = self.exit_head(self.early_norm(h))
         return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks,
                           hidden=h, zhat=zhat)
+
+    # -- decoding: one byte at a time, with caches (forward above; rltok.generate samples) ------
+    @torch.no_grad()
+    def prefill(self, seqs: Sequence[Sequence[int]], *, noise: Tensor | None = None,
+                mode: str = "sample", boundaries: Tensor | None = None, reserve: int = 16) -> PrefillOutput:
+        """Run the full forward pass once over a batch of id sequences of different lengths (each
+        starting with BOS) and build the inference state after their last ids.
+
+        ``noise`` (B, >= S) are the boundary uniforms per position; ``boundaries`` (B, >= S) impose
+        the decisions (teacher forcing; position 0 is forced anyway). ``reserve`` is the extra room
+        of the main-network caches before they first double.
+        """
+        if not seqs or any(len(s) == 0 for s in seqs):
+            raise RltokError("prefill needs at least one id (BOS) per sequence")
+        device = next(self.parameters()).device
+        lengths = torch.tensor([len(s) for s in seqs], dtype=torch.long, device=device)
+        S = int(lengths.max()) + 1  # + one padding column: the forward's forced last boundary
+        ids = _pad_rows(seqs, S, PAD, device)
+        kv: dict[tuple[str, int], tuple[Tensor, Tensor]] = {}
+
+        def record(stage: str, i: int, k: Tensor, v: Tensor) -> None:
+            kv[stage, i] = (k, v)
+
+        fixed = _fit(boundaries, S)
+        out = self(ids, noise=_fit(noise, S), mode=mode, valid=_with_end_column(lengths, S),
+                    boundaries=None if fixed is None else fixed.bool(), on_kv=record)
+        W = self.cfg.window
+        bytepos = torch.arange(S, device=device).expand(len(seqs), S)
+        ch = out.chunks
+        n_chunks = (ch.valid & (ch.positions < lengths[:, None])).sum(1)
+        state = InferenceState(
+            encoder=[KVCache.from_prefill(*kv["encoder", i], bytepos, lengths, W) for i in range(len(self.encoder))],
+            main=[KVCache.from_prefill(*kv["main", i], ch.positions, n_chunks, None, reserve)
+                  for i in range(len(self.main))],
+            decoder=[KVCache.from_prefill(*kv["decoder", i], bytepos, lengths, W) for i in range(len(self.decoder))],
+            boundary=self.boundary.decode_state(out.hidden, ids, out.boundary, lengths),
+            pending=self.boundary.decode_pending(out.zhat, out.boundary, ch, lengths - 1),
+            pos=lengths.clone(),
+        )
+        last = (lengths - 1)[:, None, None].expand(-1, 1, out.logits.shape[-1])
+        return PrefillOutput(logits=out.logits.gather(1, last)[:, 0], state=state, forward=out, lengths=lengths)
+
+    @torch.no_grad()
+    def step(self, state: InferenceState, ids: Tensor, *, noise: Tensor | None = None,
+             mode: str = "sample", fixed: Tensor | None = None) -> DecodeStep:
+        """Consume one byte per row (``ids`` (B,), at positions ``state.pos``) and return the
+        next-byte logits. ``noise`` (B,) are the boundary uniforms at these positions, ``fixed``
+        (B,) imposes the boundary decisions. Updates ``state`` in place."""
+        cfg = self.cfg
+        hd = cfg.d_model // cfg.n_heads
+        pos = state.pos
+        cos, sin = rope_angles(pos[:, None], hd, cfg.rope_theta)
+        x = self.embed(ids)[:, None]
+        for blk, c in zip(self.encoder, state.encoder):
+            x = blk.step(x, cos, sin, c, pos)
+        h = x[:, 0]
+        bs = self.boundary.step(h, ids, state.boundary, pos=pos, noise=noise, fixed=fixed, mode=mode)
+        rows = bs.b.nonzero().squeeze(1)
+        if rows.numel():  # only the rows that close a chunk run the main network, for one chunk
+            z = self.boundary.downsample_step(h, bs)[rows][:, None]
+            zpos = pos[rows]
+            zcos, zsin = rope_angles(zpos[:, None], hd, cfg.rope_theta)
+            zin = z
+            for blk, c in zip(self.main, state.main):
+                z = blk.step(z, zcos, zsin, c, zpos, rows)
+            z = self.boundary.chunk_output(z, zin)
+            state.pending = state.pending.index_copy(0, rows, z[:, 0].to(state.pending.dtype))
+        u = self.boundary.upsample_step(h, state.pending, bs)[:, None]
+        for blk, c in zip(self.decoder, state.decoder):
+            u = blk.step(u, cos, sin, c, pos)
+        logits = self.head(self.norm(u))[:, 0]
+        state.boundary = bs.state
+        state.pos = pos + 1
+        return DecodeStep(logits=logits, boundary=bs)
 
     def generate(self, prompts, max_new_bytes: int = 256, temperature: float = 1.0, top_p: float = 1.0,
                  boundary_mode: str = "sample", **kwargs):
