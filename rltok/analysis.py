@@ -276,12 +276,18 @@ def udhr_table(rows: Sequence[dict], runs: Sequence[str], toks: Sequence[str]) -
     return "\n".join(lines)
 
 
-def disparity(rows: Sequence[dict], key: str) -> dict[str, float]:
-    """Spread of a relative cost across languages: max/min and the coefficient of variation."""
-    v = np.array([r[key] for r in rows if key in r], dtype=float)
+def spread(values) -> dict[str, float]:
+    """Spread of a cost across languages: max/min and the coefficient of variation (population std
+    over mean); nan for no values."""
+    v = np.asarray(list(values), dtype=float)
     if len(v) == 0:
         return {"max_over_min": float("nan"), "cv": float("nan")}
     return {"max_over_min": float(v.max() / v.min()), "cv": float(v.std() / v.mean())}
+
+
+def disparity(rows: Sequence[dict], key: str) -> dict[str, float]:
+    """:func:`spread` of ``key`` over the rows that have it."""
+    return spread(r[key] for r in rows if key in r)
 
 
 def run_bpe_path(cfg, max_bytes: int = 20_000_000):

@@ -95,6 +95,12 @@ FLOP_TOLERANCE = 0.03  # a FLOP-matched cell is within 3% of the rl cell's train
 RATE_MATCHED_METHODS = ("rl", "uniform", "nawrot", "hnet", "bpe")
 
 
+def holds_rate(rate: float, late: float, target: float) -> bool:
+    """Within RATE_TOLERANCE of ``target`` at evaluation (``rate``) and over the second half of
+    training (``late``; not judged when nan)."""
+    return bool(abs(rate - target) <= RATE_TOLERANCE and (not math.isfinite(late) or abs(late - target) <= RATE_TOLERANCE))
+
+
 def mark_matching(methods: list[dict]) -> None:
     """Per finished method: ``flops_vs_rl`` (its training FLOPs per byte over the first rl cell's)
     and ``flop_matched`` (within FLOP_TOLERANCE); for the methods steered or fitted to the target
@@ -107,9 +113,7 @@ def mark_matching(methods: list[dict]) -> None:
             m["flops_vs_rl"] = m["flops_per_byte"] / ref["flops_per_byte"]
             m["flop_matched"] = bool(abs(m["flops_vs_rl"] - 1) <= FLOP_TOLERANCE)
         if m["method"] in RATE_MATCHED_METHODS and math.isfinite(m.get("target_rate", float("nan"))):
-            t, late = m["target_rate"], m.get("train_rate_late", float("nan"))
-            m["rate_matched"] = bool(abs(m["rate"] - t) <= RATE_TOLERANCE
-                                     and (not math.isfinite(late) or abs(late - t) <= RATE_TOLERANCE))
+            m["rate_matched"] = holds_rate(m["rate"], m.get("train_rate_late", float("nan")), m["target_rate"])
         else:
             m["rate_matched"] = None
 

@@ -174,14 +174,18 @@ def _variant(m: dict) -> str:
 
 
 def _spread(values) -> dict:
-    v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float)
-    return {"cv": float(v.std() / v.mean()), "max_over_min": float(v.max() / v.min()), "n": int(len(v))}
+    from rltok.analysis import spread
+
+    v = [x for x in values if x is not None and math.isfinite(x)]
+    d = spread(v)
+    return {"cv": d["cv"], "max_over_min": d["max_over_min"], "n": len(v)}
 
 
 def _mean_se(xs) -> dict:
+    from rltok.evaluate import standard_error
+
     x = np.array(xs, dtype=float)
-    se = float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
-    return {"mean": float(x.mean()), "se": se, "seeds": len(x), "per_seed": [float(a) for a in x]}
+    return {"mean": float(x.mean()), "se": standard_error(x), "seeds": len(x), "per_seed": [float(a) for a in x]}
 
 
 def _parallel_costs(rows: list[dict], key: str, langs=None) -> dict[str, float]:

@@ -224,6 +224,7 @@ def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
 
 
 def cmd_cell(args) -> int:
+    from rltok.checkpoint import write_json_atomic
     from rltok.threads import set_threads
 
     set_threads(1)
@@ -236,9 +237,7 @@ def cmd_cell(args) -> int:
     rec = measure_cell(args.rung, args.tag, args.seed, run, tokenizer)
     keep_run_files(args.rung, args.tag, args.seed, run)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(rec, indent=1) + "\n")
-    tmp.replace(path)
+    write_json_atomic(path, rec)
     print(f"cell {args.rung} {args.tag} s{args.seed}: bpb {rec['bpb']:.4f} rate {rec['rate']:.3f} "
           f"({time.time() - t0:.0f} s)", flush=True)
     return 0
@@ -273,17 +272,13 @@ def cmd_plan(args) -> int:
 
 # -- report -----------------------------------------------------------------------------------------
 
-def _se(x) -> float:
-    import numpy as np
-
-    x = np.asarray(x, dtype=float)
-    return float(x.std(ddof=1) / math.sqrt(len(x))) if len(x) > 1 else float("nan")
-
-
 def summarize(cells: list[dict]) -> dict:
     """Per rung and tag: mean ± SE over seeds of bpb on each evaluation set, rate, FLOPs; the
     paired (per document, per seed) difference against uniform; and the matching flags."""
     import numpy as np
+
+    from rltok.compare_report import FLOP_TOLERANCE, holds_rate
+    from rltok.evaluate import standard_error as _se
 
     out: dict = {}
     by: dict = {}
@@ -317,11 +312,10 @@ def summarize(cells: list[dict]) -> dict:
             if all("boundary_stats" in c for c in cs):
                 s["bpe_f1"] = float(np.mean([c["boundary_stats"].get("bpe_f1", float("nan")) for c in cs]))
             s["flops_vs_rl"] = s["flops_per_byte"] / rl_flops
-            s["flop_matched"] = abs(s["flops_vs_rl"] - 1) <= 0.03
+            s["flop_matched"] = abs(s["flops_vs_rl"] - 1) <= FLOP_TOLERANCE
             if s["method"] in ("rl", "uniform", "nawrot", "hnet", "bpe", "stride"):
-                late, t = s["train_rate_late"], float(np.mean([c.get("target_rate", TARGET_RATE) for c in cs]))
-                s["target_rate"] = t
-                s["rate_matched"] = bool(abs(s["rate"] - t) <= 0.01 and (not math.isfinite(late) or abs(late - t) <= 0.01))
+                s["target_rate"] = float(np.mean([c.get("target_rate", TARGET_RATE) for c in cs]))
+                s["rate_matched"] = holds_rate(s["rate"], s["train_rate_late"], s["target_rate"])
             out.setdefault(rung, {})[tag] = s
     return out
 

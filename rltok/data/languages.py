@@ -68,10 +68,8 @@ def reweight(corpus: Corpus, langs: list[str], temperature: float, seed: int = 0
     """The documents of ``corpus`` repeated or subsampled per language to the temperature shares
     (module docstring); documents keep their order, a repeated one follows itself."""
     lens = corpus.lengths
-    counts: Counter = Counter()
-    for lang, n in zip(langs, lens):
-        counts[lang] += int(n)
-    q = temperature_shares(dict(counts), temperature)
+    counts = language_bytes(corpus, langs)
+    q = temperature_shares(counts, temperature)
     total = sum(counts.values())
     rng = np.random.default_rng([seed, 16])
     copies = np.zeros(len(corpus), dtype=np.int64)
