@@ -17,7 +17,6 @@ leaves layout to the browser, which shapes them.
 from __future__ import annotations
 
 import html as htmllib
-import json
 import math
 import os
 import warnings
