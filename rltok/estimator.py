@@ -114,8 +114,8 @@ def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, 
 
     Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
     down together when the rate is above target and up when below. ``one_sided``: only above
-    (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under. ``segments`` ((B, S) ids,
-    e.g. ``document_segments``): pbar per segment instead of over the batch (not reduced across
+    (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under. ``segments`` ((B, S) ids
+    below B*(S+1), e.g. ``document_segments``): pbar per segment instead of over the batch (not reduced across
     ranks: a document lives on one rank).
     """
     d, v = decided.float(), valid.float()
@@ -126,7 +126,9 @@ def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, 
         # one controller per segment (document): each decided logit moves by its own segment's
         # (pbar_seg - r*)/N, so every document is pushed to the target rate, not just their mean
         seg = segments.reshape(-1)
-        size = int(seg.max()) + 1 if seg.numel() else 1
+        # ids below B*(S+1) (as document_segments gives them): sized from the shape, so the
+        # training step reads nothing back from the device
+        size = probs.shape[0] * (probs.shape[1] + 1)
         num = torch.zeros(size, device=probs.device).index_add_(0, seg, p_forced.detach().reshape(-1))
         den = torch.zeros(size, device=probs.device).index_add_(0, seg, v.reshape(-1))
         excess = (num / den.clamp(min=1) - target)[seg].reshape(probs.shape)
