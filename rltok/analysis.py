@@ -156,6 +156,61 @@ def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_ma
 
 # -- UDHR across languages ------------------------------------------------------------------------
 
+CLAUSE_PUNCT = b",.;:!?"
+
+
+def level_stats(pieces: Sequence[bytes], ends: Sequence[np.ndarray]) -> dict[str, float]:
+    """What one level's chunk ends fall on, over pieces of text and their per-byte ends (each
+    piece's last byte, a forced end, left out). Shares of the ends on whitespace, on punctuation
+    and inside words; words per chunk (word starts: a non-whitespace byte after whitespace);
+    word-start recall; and clause recall: the share of clause ends (``,.;:!?`` followed by
+    whitespace) where a chunk ends on the punctuation or on the whitespace after it."""
+    n_end = n_ws = n_punct = n_words = n_ws_start = n_ws_start_end = n_clause = n_clause_end = n_bytes = 0
+    punct_all = np.frombuffer(bytes(range(33, 48)) + bytes(range(58, 65)) + bytes(range(91, 97))
+                              + bytes(range(123, 127)), dtype=np.uint8)
+    clause = np.frombuffer(CLAUSE_PUNCT, dtype=np.uint8)
+    for piece, e in zip(pieces, ends):
+        a = np.frombuffer(piece, dtype=np.uint8)
+        e = np.asarray(e, bool)[: len(a)].copy()
+        if len(a) < 2:
+            continue
+        e[-1] = False
+        ws = np.isin(a, WHITESPACE)
+        pu = np.isin(a, punct_all)
+        start = np.zeros_like(ws)
+        start[1:] = ws[:-1] & ~ws[1:]
+        cl = np.zeros_like(ws)
+        cl[:-1] = np.isin(a[:-1], clause) & ws[1:]
+        cl_hit = np.zeros_like(ws)
+        cl_hit[:-1] = cl[:-1] & (e[:-1] | e[1:])
+        n_bytes += len(a) - 1
+        n_end += int(e.sum())
+        n_ws += int((e & ws).sum())
+        n_punct += int((e & pu).sum())
+        n_words += int(start.sum())
+        n_ws_start += int(start.sum())
+        n_ws_start_end += int((start & e).sum())
+        n_clause += int(cl.sum())
+        n_clause_end += int(cl_hit.sum())
+    div = lambda a, b: a / b if b else float("nan")  # noqa: E731
+    return {"ends": n_end, "bytes_per_chunk": div(n_bytes, n_end), "on_whitespace": div(n_ws, n_end),
+            "on_punctuation": div(n_punct, n_end), "inside_words": div(n_end - n_ws - n_punct, n_end),
+            "words_per_chunk": div(n_words, n_end), "word_start_recall": div(n_ws_start_end, n_ws_start),
+            "clause_recall": div(n_clause_end, n_clause), "clause_ends": n_clause}
+
+
+def stage_stats(model: nn.Module, docs: Sequence[bytes], **kw) -> dict[str, dict[str, float]]:
+    """:func:`level_stats` of each level of a model's chunks ("outer", and "inner" for a two-stage
+    U-Net), on the same boundary draws."""
+    pieces, res = segment_docs(model, docs, **kw)
+    if res and res[0].boundaries is None:
+        raise RltokError("this model has no chunk boundaries to analyze")
+    out = {"outer": level_stats(pieces, [r.boundaries for r in res])}
+    if res and res[0].inner_boundaries is not None:
+        out["inner"] = level_stats(pieces, [r.inner_boundaries for r in res])
+    return out
+
+
 @dataclass
 class Translation:
     key: str  # file key, e.g. "jpn", "cmn_hans"

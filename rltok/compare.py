@@ -311,9 +311,12 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
     # the rate over the second half of training: where a rate-matched comparison must hold r*
     late = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])
             and r.get("bytes", 0) > summary.get("bytes", 0) / 2]
+    inner = [r["inner_rate"] for r in steps if isinstance(r.get("inner_rate"), (int, float))
+             and math.isfinite(r["inner_rate"])]
     fam = getattr(model, "family", "unet")
     rate_for_flops = train_rate if fam in ("unet", "bpe-lm") else None
-    fc = training_flops_per_byte(model, model.run_config, rate_for_flops)
+    fc = training_flops_per_byte(model, model.run_config, rate_for_flops,
+                                 float(np.mean(inner)) if inner else None)
     n_bytes = int(summary.get("bytes", 0))
     return {
         "train_rate": train_rate, "train_rate_late": float(np.mean(late)) if late else None,

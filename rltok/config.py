@@ -53,6 +53,14 @@ class ModelConfig:
     # one output head for the early exit and the final prediction (the authors' option); the
     # paper deep-copies the head instead
     shared_head: bool = False
+    # 1: bytes -> chunks -> main network (the paper). 2: the main network is itself a stage
+    # over the chunks (rltok/model/stage.py): its own encoder, router, main network and decoder
+    stages: int = 1
+    # stages=2: layers over the outer chunks before the inner router and after the inner main
+    # network. 0 and 0: the main network moves up a level, over the inner chunks, at the
+    # one-stage model's parameters and (within ~1% on tiny) its training FLOPs per byte
+    inner_enc_layers: int = 0
+    inner_dec_layers: int = 0
 
     def validate(self) -> None:
         _check(self.d_model >= 1, "model.d_model must be >= 1")
@@ -67,6 +75,9 @@ class ModelConfig:
         _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0")
         _check(self.norm_eps >= 0, f"model.norm_eps={self.norm_eps} must be >= 0")
         _check(self.chunk_pad_multiple >= 1, "model.chunk_pad_multiple must be >= 1")
+        _check(self.stages in (1, 2), f"model.stages={self.stages} must be 1 or 2")
+        _check(self.inner_enc_layers >= 0 and self.inner_dec_layers >= 0,
+               "model.inner_enc_layers and model.inner_dec_layers must be >= 0")
 
 
 @dataclass
@@ -190,6 +201,12 @@ class RunConfig:
             t.batch_size = t.batch_bytes // self.model.seq_len
         self.model.validate()
         self.boundary.validate()
+        if self.model.stages > 1:
+            from .boundaries import get_method
+
+            _check(get_method(self.method).stages >= self.model.stages,
+                   f"model.stages={self.model.stages}: method {self.method!r} has one stage only "
+                   f"(two-stage U-Nets: --method rl)")
         self.train.validate()
         self.data.validate()
         return self
@@ -251,7 +268,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -262,6 +279,8 @@ ADDED_KEYS: dict[str, int] = {
     "model.shared_head": 3,
     "data.language_temperature": 4, "boundary.rate_scope": 4, "boundary.match": 4,
     "boundary.rate_control": 4, "boundary.control_gain": 4,
+    "model.stages": 5, "model.inner_enc_layers": 5, "model.inner_dec_layers": 5,
+    "boundary.inner_target_rate": 5,
 }
 
 

@@ -101,10 +101,11 @@ def discounted_reward_to_go(r: Tensor, gamma: float, block: int = 64) -> Tensor:
         return G.reshape(*lead, nb * L)[..., :S]
 
 
-def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor) -> Tensor:
-    """-(1/N) sum G_t log pi(b_t); N = positions with a target. Its gradient is the estimate."""
+def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor, n: Tensor | None = None) -> Tensor:
+    """-(1/N) sum G_t log pi(b_t); N = positions with a target (or ``n``). Its gradient is the estimate."""
     m = mask.float()
-    return -(returns.detach() * log_prob.float() * m).sum() / m.sum().clamp(min=1)
+    n = m.sum() if n is None else n
+    return -(returns.detach() * log_prob.float() * m).sum() / n.clamp(min=1)
 
 
 def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,

@@ -46,6 +46,10 @@ class EvalResult:
     word_start_recall: float = float("nan")  # boundaries on the first byte of words (see objectives)
     boundary_enrichment: float = float("nan")  # see boundary_enrichment()
     start_surprisal_ratio: float = float("nan")
+    # every stage's rate, outer first: boundaries per byte, then (two stages) inner chunk ends per
+    # outer chunk; and bytes per innermost chunk
+    rates: list[float] = field(default_factory=list)
+    bytes_per_chunk: float = float("nan")
 
     def to_dict(self, per_doc: bool = False) -> dict:
         d = asdict(self)
@@ -155,7 +159,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                 # statistics over the scored bytes (all inputs, outside a window's overlap)
                 valid = scored
                 dec = decided_mask(batch.ids != PAD)
-                c = boundary_counts(batch.ids, out.boundaries, valid, dec)
+                c = boundary_counts(batch.ids, out.boundaries, valid, dec, out.inner_boundaries)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)
                 if k == 0:
@@ -174,6 +178,8 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
         whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"],
+        rates=[r["rate"]] + ([r["inner_rate"]] if "inner_rate" in r else []),
+        bytes_per_chunk=r.get("bytes_per_inner_chunk", 1 / r["rate"] if r["rate"] > 0 else float("nan")),
         **boundary_enrichment(np.concatenate(surprisal) if surprisal else np.zeros(0),
                               np.concatenate(starts) if starts else np.zeros(0, bool)),
         docs=n_docs, bytes=int(bytes_doc.sum()),

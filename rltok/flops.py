@@ -11,6 +11,12 @@ Per byte:
 * U-Net:  6 (N_byte + r N_main) + 12 d [L_byte keys(S, window) + r L_main keys(r S)]
   with N_byte the encoder, decoder, both heads and the boundary module, N_main the main network,
   r the achieved rate (chunks per byte) and S the sequence length in bytes.
+* two-stage U-Net (model.stages=2), with r2 the inner stage's rate (inner chunks per outer chunk):
+  6 (N_byte + r N_stage + r r2 N_main) + 2 N_dec + 12 d [L_byte keys(S, window)
+  + r L_stage keys(r S) + r r2 L_main keys(r r2 S)] + 4 d L_dec keys(S, window), N_stage / L_stage
+  the inner encoder, decoder and router; N_dec / L_dec the byte decoder and head, run a second
+  time in training, forward only, on the exit that skips the inner stage (the inner router's
+  reward baseline).
 * bytes:  6 N + 12 d L keys(S, window).
 * bpe-lm: r_tok [6 N + 12 d L keys(r_tok S)], N including the vocabulary head, r_tok tokens/byte.
 """
@@ -47,6 +53,8 @@ class FlopCount:
     rate: float  # chunks (U-Net) or tokens (bpe-lm) per byte used; 1 for flat byte models
     params_per_byte: int  # matmul parameters applied at every byte
     params_per_chunk: int  # matmul parameters applied at every chunk / token
+    inner_rate: float | None = None  # two stages: inner chunks per outer chunk used
+    params_per_inner_chunk: int = 0  # two stages: the innermost main network's matmul parameters
 
     def total(self, n_bytes: float) -> float:
         return self.per_byte * n_bytes
@@ -59,18 +67,31 @@ def _matmul_params(mods) -> int:
     return sum(p.numel() for m in mods for _, p in m.named_parameters() if p.dim() >= 2)
 
 
-def unet_flops(model: nn.Module, cfg: RunConfig, rate: float) -> FlopCount:
+def unet_flops(model: nn.Module, cfg: RunConfig, rate: float, inner_rate: float | None = None) -> FlopCount:
+    """``inner_rate`` (two stages): inner chunks per outer chunk; default its target."""
     mc = cfg.model
     d, S = mc.d_model, mc.seq_len
     # a shared head is applied twice per byte (early exit and final prediction)
     heads = [model.head, model.head] if model.cfg.shared_head else [model.head, model.early_head]
     per_byte = _matmul_params([*model.encoder, *model.decoder, *heads, model.boundary])
-    per_chunk = _matmul_params(list(model.main))
-    matmul = 6 * (per_byte + rate * per_chunk)
     n_byte_layers = len(model.encoder) + len(model.decoder)
-    attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window)
-                                        + rate * len(model.main) * mean_causal_keys(rate * S))
-    return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk)
+    inner = getattr(model, "inner", None)
+    if inner is None:
+        per_chunk = _matmul_params(list(model.main))
+        matmul = 6 * (per_byte + rate * per_chunk)
+        attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window)
+                                            + rate * len(model.main) * mean_causal_keys(rate * S))
+        return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk)
+    r2 = cfg.boundary.inner_target_rate if inner_rate is None else inner_rate
+    per_chunk = _matmul_params([*inner.encoder, *inner.decoder, inner.boundary])
+    per_inner = _matmul_params(list(inner.main))
+    skip = _matmul_params([*model.decoder, model.head])  # the skip exit: forward only, 2 per weight
+    matmul = 6 * (per_byte + rate * per_chunk + rate * r2 * per_inner) + 2 * skip
+    attn = ATTN_FLOPS_PER_KEY_DIM * d * (
+        (n_byte_layers + len(model.decoder) / 3) * mean_causal_keys(S, mc.window)
+        + rate * (len(inner.encoder) + len(inner.decoder)) * mean_causal_keys(rate * S)
+        + rate * r2 * len(inner.main) * mean_causal_keys(rate * r2 * S))
+    return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk, r2, per_inner)
 
 
 def flat_flops(model: nn.Module, seq_len: int, token_rate: float | None = None) -> FlopCount:
@@ -85,12 +106,14 @@ def flat_flops(model: nn.Module, seq_len: int, token_rate: float | None = None) 
     return FlopCount(matmul + attn, matmul, attn, rate, 0, n)
 
 
-def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None = None) -> FlopCount:
+def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None = None,
+                            inner_rate: float | None = None) -> FlopCount:
     """FLOPs per training byte of a built model. ``rate``: achieved chunks (or tokens) per byte;
-    default: the target rate (U-Net) or the tokenizer's measured rate (bpe-lm)."""
+    default: the target rate (U-Net) or the tokenizer's measured rate (bpe-lm). ``inner_rate``:
+    a two-stage U-Net's achieved inner rate (default its target)."""
     fam = getattr(model, "family", "unet")
     if fam == "unet":
-        return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate)
+        return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate, inner_rate)
     if fam == "bpe-lm":
         return flat_flops(model, cfg.model.seq_len, model.token_rate if rate is None else rate)
     return flat_flops(model, cfg.model.seq_len)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from .boundaries.base import LossContext
 from .config import PAD, RunConfig
 from .data.loader import Batch
+from .model.stage import chunk_sums, inner_boundary_bytes
 
 LN2 = math.log(2.0)
 WHITESPACE = (9, 10, 11, 12, 13, 32)
@@ -39,6 +40,7 @@ class ScoreOutput:
     boundaries: Tensor | None = None  # (B, S) bool, None for models without chunks
     probs: Tensor | None = None  # (B, S) boundary probabilities, when the method has them
     correct: Tensor | None = None  # (B, S) bool: the target is the most likely next id (greedy)
+    inner_boundaries: Tensor | None = None  # (B, S) bool, two stages: bytes that end an inner chunk
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -60,7 +62,8 @@ def whitespace_mask(ids: Tensor) -> Tensor:
     return ws
 
 
-def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | None = None) -> dict[str, Tensor]:
+def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | None = None,
+                    inner: Tensor | None = None) -> dict[str, Tensor]:
     """Sums from which rate and whitespace recall/precision are computed (additive over batches).
 
     rate = boundaries / valid bytes (forced ends included, as the paper reports it);
@@ -70,6 +73,8 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
     end a chunk / such bytes. A policy can settle on either of two word-aligned segmentations:
     chunks ending on the space ("word " chunks, the paper's finding) or on the first byte of the
     next word (the same chunks shifted by one byte); the two recalls tell them apart.
+    ``inner`` (two stages): the bytes that end an inner chunk; the inner rate is inner chunk ends
+    per outer chunk end.
     """
     b = b.bool() & valid
     ws_all = whitespace_mask(ids)
@@ -78,7 +83,9 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
     prev_ws[:, 1:] = ws_all[:, :-1]
     word_start = prev_ws & ~ws_all & valid
     dec = valid if decided is None else decided
+    extra = {} if inner is None else {"n_inner_boundary": (inner.bool() & b).sum()}
     return {
+        **extra,
         "n_valid": valid.sum(), "n_boundary": b.sum(),
         "n_ws": ws.sum(), "n_ws_boundary": (b & ws).sum(),
         "n_decided_boundary": (b & dec).sum(), "n_decided_ws_boundary": (b & ws & dec).sum(),
@@ -88,7 +95,12 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
 
 def ratios(c: dict[str, Tensor | float]) -> dict[str, float]:
     f = {k: float(v) for k, v in c.items()}
+    inner = {}
+    if "n_inner_boundary" in f:
+        inner = {"inner_rate": f["n_inner_boundary"] / max(f["n_boundary"], 1),
+                 "bytes_per_inner_chunk": f["n_valid"] / f["n_inner_boundary"] if f["n_inner_boundary"] else float("nan")}
     return {
+        **inner,
         "rate": f["n_boundary"] / max(f["n_valid"], 1),
         "whitespace_recall": f["n_ws_boundary"] / f["n_ws"] if f["n_ws"] else float("nan"),
         "whitespace_precision": (f["n_decided_ws_boundary"] / f["n_decided_boundary"]
@@ -120,7 +132,12 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     # the early term is always in the graph (weight 0 included) so that every parameter gets a
     # gradient, which DDP requires
     loss = bc.lm_weight * lm + bc.early_weight * early + aux
-    counts = boundary_counts(batch.ids, out.boundary.b, valid, out.boundary.decided)
+    inner_bytes = None
+    if out.inner is not None:
+        inner_loss, inner_stats, inner_bytes = _inner_stage_loss(model, out, ce, batch, tmask, n, ctx)
+        loss = loss + inner_loss
+        stats.update(inner_stats)
+    counts = boundary_counts(batch.ids, out.boundary.b, valid, out.boundary.decided, inner_bytes)
     stats = {k: v.detach().float() for k, v in stats.items()}
     stats.update({
         "lm_loss": lm.detach(), "bpb": lm.detach() / LN2, "bpb_early": early.detach() / LN2,
@@ -130,13 +147,41 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     return StepLoss(loss=loss, stats=stats)
 
 
+def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, tmask: Tensor, n: Tensor,
+                      ctx: LossContext) -> tuple[Tensor, dict[str, Tensor], Tensor]:
+    """Two stages: the inner router's estimator and the skip exit's loss (docs/two_stage.md).
+
+    The inner router decides over the outer chunks. Its per-position loss is chunk m's share of
+    the byte losses, summed over the bytes that read chunk m; its reward baseline is the same sum
+    through the exit that skips the inner stage (``skip_logits``). Then the one-stage estimator
+    runs unchanged on that axis: batch-relative advantage per chunk index, reward-to-go
+    discounted by gamma per outer chunk, its own rate penalty at boundary.inner_target_rate. Its
+    surrogate is divided by the byte targets, as the outer one is, so that both estimate the
+    gradient of the same per-byte loss. The skip exit runs forward only (no loss of its own)."""
+    ch = out.chunks
+    ce_skip = per_position_ce(out.skip_logits, batch.targets)
+    tm = tmask.float()
+    inner_ctx = LossContext(out=out.inner.boundary, ce=chunk_sums(ce, ch), ce_early=chunk_sums(ce_skip, ch),
+                            target_mask=(chunk_sums(tm, ch) > 0) & ch.valid, valid=ch.valid,
+                            reduce_mean=ctx.reduce_mean, all_reduce_sum=ctx.all_reduce_sum, ids=None,
+                            n_targets=n.float())
+    aux, stats = model.inner.boundary.aux_loss(inner_ctx)
+    stats = {f"inner_{k}": v for k, v in stats.items()}
+    stats["bpb_skip"] = ce_skip.sum() / n / LN2
+    return aux, stats, inner_boundary_bytes(out.inner, ch, batch.ids.shape[1])
+
+
 @torch.no_grad()
 def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample",
                boundaries: Tensor | None = None) -> ScoreOutput:
     out = model(batch.ids, noise=noise, mode=mode, boundaries=boundaries)
     nll = per_position_ce(out.logits, batch.targets)
     correct = out.logits.argmax(-1) == batch.targets
-    return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs, correct=correct)
+    inner = None
+    if out.inner is not None:
+        inner = inner_boundary_bytes(out.inner, out.chunks, batch.ids.shape[1])
+    return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs, correct=correct,
+                       inner_boundaries=inner)
 
 
 # -- registry ------------------------------------------------------------------------------------

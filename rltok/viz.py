@@ -80,11 +80,15 @@ def cell_views(data: bytes, boundaries: np.ndarray, probs: np.ndarray | None = N
 
 # -- terminal and HTML ---------------------------------------------------------------------------
 
-def render_terminal(data: bytes, boundaries: np.ndarray, sep: str = "|") -> str:
-    """The text with ``sep`` after each chunk."""
+def render_terminal(data: bytes, boundaries: np.ndarray, sep: str = "|", inner: np.ndarray | None = None,
+                    inner_sep: str = "‖") -> str:
+    """The text with ``sep`` after each chunk; with ``inner`` (two stages: the bytes that end an
+    inner chunk), ``inner_sep`` after each inner chunk instead."""
     parts = []
-    for v in cell_views(data, boundaries):
-        parts.append(v.text + (sep if v.end else ""))
+    ends2 = None if inner is None else cell_views(data, inner)
+    for i, v in enumerate(cell_views(data, boundaries)):
+        mark = (inner_sep if ends2 is not None and ends2[i].end else sep) if v.end else ""
+        parts.append(v.text + mark)
     return "".join(parts)
 
 
@@ -101,20 +105,24 @@ def _cmap():
 
 
 def render_html(data: bytes, boundaries: np.ndarray, probs: np.ndarray | None = None, title: str = "",
-                info: str = "") -> str:
-    """A self-contained HTML page (inline CSS, no scripts, fonts or links from elsewhere)."""
+                info: str = "", inner: np.ndarray | None = None) -> str:
+    """A self-contained HTML page (inline CSS, no scripts, fonts or links from elsewhere).
+    ``inner`` (two stages): the bytes that end an inner chunk, drawn with a thick red bar."""
     spans = []
-    for v in cell_views(data, boundaries, probs):
+    ends2 = None if inner is None else cell_views(data, inner)
+    for i, v in enumerate(cell_views(data, boundaries, probs)):
+        end = (" e2" if ends2 is not None and ends2[i].end else " e") if v.end else ""
         if v.text == "\n":
-            spans.append(f'<span class="c{" e" if v.end else ""}" title="p={v.prob:.3f}" '
+            spans.append(f'<span class="c{end}" title="p={v.prob:.3f}" '
                          f'style="background:{_rgba(v.prob)}">\u21b5</span>\n')
             continue
-        cls = "c e" if v.end else "c"
+        cls = "c" + end
         spans.append(f'<span class="{cls}" title="p={v.prob:.3f}" style="background:{_rgba(v.prob)}">'
                      f'{htmllib.escape(v.text)}</span>')
     legend = "".join(f'<span class="c" style="background:{_rgba(p)}">&nbsp;{p:.1f}&nbsp;</span>'
                      for p in np.linspace(0, 1, 6))
     t = htmllib.escape(title)
+    inner_note = "" if inner is None else "; thick red bar: an inner (second-stage) chunk ends there too"
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{t}</title>
 <style>
@@ -123,12 +131,13 @@ body {{ font-family: "DejaVu Sans", "Noto Sans", "Noto Sans CJK JP", "Noto Sans 
 .text {{ white-space: pre-wrap; line-height: 2.0; font-size: 17px; word-break: break-all; }}
 .c {{ padding: 2px 0; }}
 .e {{ border-right: 2px solid #1a3d8f; margin-right: 1px; }}
+.e2 {{ border-right: 4px solid #b0161e; margin-right: 2px; }}
 .info {{ color: #444; font-size: 14px; }}
 </style></head>
 <body>
 <h3>{t}</h3>
 <p class="info">{htmllib.escape(info)}</p>
-<p class="info">Shade: probability that the character ends a chunk {legend}; blue bar: a chunk ends there. Hover a character for its probability.</p>
+<p class="info">Shade: probability that the character ends a chunk {legend}; blue bar: a chunk ends there{inner_note}. Hover a character for its probability.</p>
 <div class="text">{"".join(spans)}</div>
 </body></html>
 """

@@ -91,10 +91,10 @@ def _exact_gradient(model, cfg, ids, targets):
     return _flat(torch.autograd.grad(objective, params))
 
 
-def _mc_gradient(model, cfg, ids, targets, n_seq=8192, chunk=64, seed=7):
+def _mc_gradient(model, cfg, ids, targets, n_seq=8192, chunk=64, seed=7, params=None):
     """Mean and standard error of the gradient training_loss puts on the policy's parameters,
     over independent micro-batches of ``chunk`` sequences (whole baseline groups)."""
-    params = _policy_params(model)
+    params = _policy_params(model) if params is None else params
     torch.manual_seed(seed)
     noise = torch.rand(n_seq, S)
     grads = []
@@ -154,6 +154,83 @@ def test_discounted_return_is_biased_and_the_comparison_sees_it():
     mean, se = _mc_gradient(model, cfg, ids, targets)
     exact = _exact_gradient(model, cfg, ids, targets)
     assert _z(mean, exact, se) > 8.0
+
+
+# -- two stages: both routers' gradients against exact enumeration ------------------------------
+
+def _two_stage_model(**over):
+    cfg = build_config("rl", "smoke", overrides={
+        "model.stages": 2, "model.seq_len": S, "model.d_model": 8, "model.n_heads": 2, "model.window": 4,
+        "model.chunk_pad_multiple": 1, "boundary.scale": 1.0, "boundary.softcap": 0.0,
+        "boundary.gamma": 1.0, "boundary.rate_weight": 0.0, **over})
+    torch.manual_seed(0)
+    model = get_method("rl").build(cfg, None)
+    with torch.no_grad():  # routers far from p = r*, so that both gradients are informative
+        model.boundary.proj.weight.mul_(3.0)
+        model.inner.boundary.proj.weight.mul_(3.0)
+    return model, cfg
+
+
+def _two_stage_params(model):
+    return [*model.boundary.proj.parameters(), *model.inner.boundary.proj.parameters()]
+
+
+def _exact_two_stage_gradient(model, cfg, ids, targets):
+    """grad of pg_weight * E[(1/T) sum_t CE_t] over the outer router's 2^4 patterns and, for each,
+    the inner router's 2^(M-2) patterns over its M outer chunks (81 joint patterns in all)."""
+    from rltok.model.chunking import chunk_indices
+
+    params = _two_stage_params(model)
+    h = model.encode(ids)[0]
+    objective, total = 0.0, 0.0
+    for p in itertools.product([0, 1], repeat=S - 2):
+        pat = torch.tensor([[1, *p, 1]], dtype=torch.bool)
+        M = int(pat.sum())
+        qs = torch.tensor([[1, *q, 1] for q in itertools.product([0, 1], repeat=M - 2)], dtype=torch.bool)
+        n = len(qs)
+        with torch.no_grad():
+            out = model(ids.expand(n, -1), boundaries=pat.expand(n, -1), inner_boundaries=qs)
+            loss = per_position_ce(out.logits, targets.expand(n, -1)).mean(1)
+        bo = model.boundary(h, ids, valid=torch.ones(1, S, dtype=torch.bool), fixed=pat)
+        ch = chunk_indices(pat)
+        y = model.inner(model.boundary.downsample(h, bo, ch), ch.positions, ch.valid, fixed=qs[:1]).skip
+        bo2 = model.inner.boundary(y.expand(n, -1, -1), torch.zeros(n, M, dtype=torch.long),
+                                   valid=torch.ones(n, M, dtype=torch.bool), fixed=qs)
+        prob = (bo.log_prob.sum() + bo2.log_prob.sum(1)).exp()
+        objective = objective + (prob * loss).sum()
+        total = total + prob.sum()
+    assert abs(float(total.detach()) - 1.0) < 1e-5  # every joint pattern once
+    return _flat(torch.autograd.grad(cfg.boundary.pg_weight * objective, params))
+
+
+TWO_STAGE_CASES = [  # (router window, reward, baseline, sequences)
+    (1, "early_exit", "leave_one_out", 8192),
+    (1, "early_exit", "none", 8192),
+    (2, "early_exit", "leave_one_out", 8192),
+]
+
+
+@pytest.mark.parametrize("window,reward,baseline,n_seq", TWO_STAGE_CASES)
+def test_two_stage_gradients_are_unbiased_at_both_levels(window, reward, baseline, n_seq):
+    """gamma = 1, two stages: the Monte-Carlo mean of the gradient training_loss puts on the
+    outer and the inner router equals the exact gradient of the expected per-byte loss, within
+    5 standard errors per coordinate; the inner router's rewards are the skip exit's losses minus
+    the final ones, summed over the bytes each outer chunk reaches, and its uniforms are the outer
+    router's rescaled (model/stage.py). Negative controls: the sign of either router's part
+    flipped must fail the comparison."""
+    model, cfg = _two_stage_model(**{"boundary.window": window, "boundary.reward": reward,
+                                     "boundary.baseline": baseline})
+    model.train()
+    ids, targets = _sequence()
+    exact = _exact_two_stage_gradient(model, cfg, ids, targets)
+    mean, se = _mc_gradient(model, cfg, ids, targets, n_seq=n_seq, params=_two_stage_params(model))
+    n_outer = sum(p.numel() for p in model.boundary.proj.parameters())
+    assert exact[:n_outer].abs().max() > 0 and exact[n_outer:].abs().max() > 0
+    assert _z(mean, exact, se) < 5.0, (mean, exact, se)
+    for part in (slice(0, n_outer), slice(n_outer, None)):
+        flipped = exact.clone()
+        flipped[part] = -flipped[part]
+        assert _z(mean, flipped, se) > 5.0
 
 
 # -- the return, exactly ---------------------------------------------------------------------------

@@ -35,14 +35,15 @@ def test_run_directory_contents(small_corpus_file, tmp_path):
     assert model.run_config.method == "rl"
 
 
-@pytest.mark.parametrize("method", ["rl", "uniform"])
-def test_resume_reaches_identical_weights(small_corpus_file, tmp_path, method):
-    cfg = _cfg(small_corpus_file, method, **{"train.ckpt_every": 4})
+@pytest.mark.parametrize("method,over", [("rl", {}), ("uniform", {}), ("rl", {"model.stages": 2})],
+                         ids=["rl", "uniform", "rl-two-stage"])
+def test_resume_reaches_identical_weights(small_corpus_file, tmp_path, method, over):
+    cfg = _cfg(small_corpus_file, method, **{"train.ckpt_every": 4, **over})
     straight = train(cfg, tmp_path / "a", progress=False)
-    stopped = train(_cfg(small_corpus_file, method, **{"train.ckpt_every": 4}), tmp_path / "b",
+    stopped = train(_cfg(small_corpus_file, method, **{"train.ckpt_every": 4, **over}), tmp_path / "b",
                     progress=False, stop_at_step=5)
     assert stopped.exit_code == 130 and stopped.steps == 5
-    resumed = train(_cfg(small_corpus_file, method), tmp_path / "b", resume=True, progress=False)
+    resumed = train(_cfg(small_corpus_file, method, **over), tmp_path / "b", resume=True, progress=False)
     assert resumed.steps == straight.steps == 12
     wa = load_weights(tmp_path / "a" / "model.safetensors")
     wb = load_weights(tmp_path / "b" / "model.safetensors")

@@ -116,11 +116,24 @@ MUTATIONS = [
              "    w = {k: (v / total) ** (1.0 / temperature) for k, v in byte_counts.items() if v > 0}",
              "    w = {k: (v / total) for k, v in byte_counts.items() if v > 0}",
              "temperature sampling that keeps the natural language shares"),
+    Mutation("inner_reward_sign", "rltok/objectives.py",
+             "ce=chunk_sums(ce, ch), ce_early=chunk_sums(ce_skip, ch)",
+             "ce=chunk_sums(ce_skip, ch), ce_early=chunk_sums(ce, ch)",
+             "two stages: the inner router's reward with its sign flipped"),
+    Mutation("inner_uniform_not_rescaled", "rltok/model/stage.py",
+             "return torch.where(sampled, (u / p.clamp(min=1e-30)).clamp(max=1 - 2 ** -24), u)",
+             "return u",
+             "two stages: the inner router drawing from the outer's uniform as it is (not uniform)"),
+    Mutation("inner_credit_last_byte_only", "rltok/model/stage.py",
+             "return torch.zeros(B, M, dtype=x.dtype, device=x.device).scatter_add(1, chunks.up, x)",
+             "return x.gather(1, chunks.positions)",
+             "two stages: an outer chunk credited with its last byte's loss, not its bytes'"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
-               "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py"]
+               "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py",
+               "tests/test_two_stage.py"]
 
 
 def copy_tree(dst: Path) -> None:

@@ -80,6 +80,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # rl at the rate the shared BPE reaches (it cannot reach 0.2 on this corpus): the rate-matched
     # partner of bpe (its FLOPs are those of that rate, so it is marked against rl's)
     "rl-bpe-rate": ("rl", ["boundary.target_rate=BPE_RATE"]),
+    # two stages (issue 14): the main network moved up a level, over inner chunks at r*2 = 0.5
+    # per outer chunk; the same parameters as rl and +1.1% training FLOPs per byte (docs/two_stage.md)
+    "rl-2stage": ("rl", ["model.stages=2"]),
 }
 ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's, against "rl" (at the 8 MB rung)
     "abl-gamma1": ("rl", ["boundary.gamma=1"]),
@@ -165,7 +168,10 @@ def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
         cmd.append("--resume")
     run.parent.mkdir(parents=True, exist_ok=True)
     with open(run.parent / f"{run.name}.log", "a") as log:
-        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        # cwd: `python -m rltok` puts the working directory first on sys.path, so the run uses
+        # this checkout's rltok (a frozen one's), not whatever checkout the study was started from
+        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (rc {r.returncode}); see {run.parent / (run.name + '.log')}")
     return run
@@ -184,7 +190,7 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     import numpy as np
 
     import rltok
-    from rltok.analysis import boundary_stats
+    from rltok.analysis import boundary_stats, stage_stats
     from rltok.bpe import load_tokenizer
     from rltok.compare import training_record
     from rltok.evaluate import evaluate_corpus
@@ -210,6 +216,8 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     if getattr(model, "family", "unet") != "bytes":
         st = boundary_stats(model, docs, load_tokenizer(tokenizer), dtype=cfg.train.dtype)
         rec["boundary_stats"] = st.to_dict()
+        if getattr(model, "inner", None) is not None:  # what each level cuts at
+            rec["stage_stats"] = stage_stats(model, docs, dtype=cfg.train.dtype)
     rec["rate"] = rec["test"]["rate"]
     rec["bpb"] = rec["test"]["bpb"]
     return json.loads(json.dumps(rec, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))

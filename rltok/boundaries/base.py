@@ -72,6 +72,10 @@ class LossContext:
     reduce_mean: Callable[[Tensor], Tensor]  # mean of a detached tensor across data-parallel ranks
     all_reduce_sum: Callable[[Tensor], Tensor] | None = None  # sum across ranks (None: one process)
     ids: Tensor | None = None  # (B, S) long: the input ids (documents start at BOS)
+    # what the policy-gradient surrogate divides by; None: the positions with a target. A
+    # two-stage U-Net's inner router divides by the byte targets, so that both routers' estimates
+    # are of the gradient of the same per-byte loss
+    n_targets: Tensor | None = None
 
 
 class BoundaryModule(nn.Module):
@@ -193,6 +197,25 @@ def select_rows(state: Any, rows: Tensor) -> Any:
     return state
 
 
+def assign_rows(state: Any, rows: Tensor, new: Any) -> Any:
+    """``state`` with the batch rows ``rows`` (n,) replaced by ``new`` (a nested state of n rows,
+    as :func:`select_rows` returns), for nested states."""
+    if new is None:
+        return state
+    if state is None:
+        raise ValueError("assign_rows: rows of a state that does not exist (None)")
+    if isinstance(state, Tensor):
+        return state.index_copy(0, rows, new.to(state.dtype))
+    if isinstance(state, (list, tuple)):
+        return type(state)(assign_rows(a, rows, b) for a, b in zip(state, new))
+    if isinstance(state, dict):
+        return {k: assign_rows(state[k], rows, new[k]) for k in state}
+    if dataclasses.is_dataclass(state):
+        return dataclasses.replace(state, **{f.name: assign_rows(getattr(state, f.name), rows, getattr(new, f.name))
+                                             for f in dataclasses.fields(state)})
+    return state
+
+
 def where_rows(mask: Tensor, new: Any, old: Any) -> Any:
     """``new`` on the rows where ``mask`` (B,) is True, ``old`` elsewhere, for nested states."""
     if old is None or new is None:
@@ -223,6 +246,7 @@ class MethodSpec:
     # called once before training with (config, training corpus, run directory), e.g. to train
     # a tokenizer and store it in the run directory
     setup: Callable[..., None] | None = None
+    stages: int = 1  # the most U-Net stages its build supports (model.stages)
 
 
 _METHODS: dict[str, MethodSpec] = {}

@@ -71,6 +71,9 @@ class PolicyConfig(BoundaryConfig):
     # how a chunk's vector is made from its bytes: last (the paper: the chunk's last byte) or
     # mean (the authors' AverageTokenDownsampler; decoding then re-runs the model: --no-cache)
     pool: str = "last"
+    # model.stages=2: the inner router's r*, boundaries per outer chunk (0.5: about two outer
+    # chunks, i.e. two words at r* = 0.2, per inner chunk)
+    inner_target_rate: float = 0.5
 
     def validate(self) -> None:
         super().validate()
@@ -115,6 +118,8 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError(f"boundary.init_scale={self.init_scale} must be >= 0")
         if self.return_block < 1:
             raise RltokError("boundary.return_block must be >= 1")
+        if not 0.0 < self.inner_target_rate < 1.0:
+            raise RltokError(f"boundary.inner_target_rate={self.inner_target_rate} must be in (0, 1)")
 
 
 def scan_decisions(d: Tensor) -> Tensor:
@@ -375,7 +380,7 @@ class BoundaryPolicy(BoundaryModule):
             # off-policy warm start: weight each decision by pi(b) / pi_off(b), clipped
             rho = est.importance_ratio(out.log_prob, out.hard.bool(), self.rate, out.decided, cfg.is_clip)
             G = G * rho
-        pg = est.policy_gradient_surrogate(G, out.log_prob, mask)
+        pg = est.policy_gradient_surrogate(G, out.log_prob, mask, ctx.n_targets)
         if cfg.rate_loss in ("logit_shift", "hinge"):
             segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None
             rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
@@ -421,7 +426,11 @@ class BoundaryPolicy(BoundaryModule):
 
 
 def build_policy_unet(cfg, run_dir=None):
-    """The rl U-Net; with boundary.flop_price its policy gets the model's FLOPs-per-byte curve."""
+    """The rl U-Net; with boundary.flop_price its policy gets the model's FLOPs-per-byte curve.
+    With model.stages=2 its main network is an inner stage with a second policy of its own
+    (rltok/model/stage.py): the same estimator at r* = boundary.inner_target_rate."""
+    if cfg.model.stages == 2:
+        return _two_stage_unet(cfg)
     model = unet_builder(BoundaryPolicy)(cfg, run_dir)
     if cfg.boundary.flop_price > 0:
         from ..flops import unet_flops
@@ -433,11 +442,30 @@ def build_policy_unet(cfg, run_dir=None):
     return model
 
 
+def _two_stage_unet(cfg):
+    import dataclasses
+
+    from ..model.stage import ChunkStage
+    from ..model.unet import ByteUNet
+
+    bc = cfg.boundary
+    unsupported = {"flop_price": 0.0, "prescribed": "", "warm_start_bytes": 0, "rate_schedule": "", "pool": "last",
+                   "rate_scope": "batch"}
+    for key, default in unsupported.items():
+        if getattr(bc, key) != default:
+            raise RltokError(f"model.stages=2 does not support boundary.{key}={getattr(bc, key)!r} "
+                             f"(leave it at {default!r})")
+    inner_cfg = dataclasses.replace(bc, target_rate=bc.inner_target_rate)
+    inner = ChunkStage(cfg.model, BoundaryPolicy(cfg.model, inner_cfg))
+    return ByteUNet(cfg.model, BoundaryPolicy(cfg.model, bc), inner=inner)
+
+
 register(MethodSpec(
     name="rl",
     config_cls=PolicyConfig,
     build=build_policy_unet,
     description="learned boundary policy trained with REINFORCE (the paper's method)",
+    stages=2,
     # the paper's policy (w = 8, logit scale 1/16; spec 2.1) on the paper's sizes; the tiny preset
     # keeps the fast-learning defaults (w = 1, scale 1), see README "Fast-learning vs paper-faithful"
     # the tiny preset zero-initialises the policy head (every byte starts at p = r*): it found the

@@ -26,6 +26,8 @@ def register(sub) -> None:
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of a sample")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the boundary sample")
     p.add_argument("--sep", default="|", help="chunk delimiter in the terminal")
+    p.add_argument("--inner-sep", default="\u2016", help="two-stage models: the delimiter after a chunk that "
+                                                          "also ends an inner (second-stage) chunk")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint instead of the final weights")
     add_threads_arg(p)
@@ -63,15 +65,21 @@ def run(args) -> int:
     probs = np.concatenate([r.probs if r.probs is not None else r.boundaries.astype(float) for r in res])
     b[-1] = True
     n_chunks = int(b.sum())
+    inner = None
+    if res[0].inner_boundaries is not None:
+        inner = np.concatenate([r.inner_boundaries for r in res])
+        inner[-1] = True
     w = model.weights
     title = f"{Path(args.run).name} ({cfg.method}, {w['checkpoint']}{'' if w['finished'] else ', unfinished run'})"
-    info = (f"{len(data)} bytes, {n_chunks} chunks, {len(data) / n_chunks:.2f} bytes/chunk; "
-            f"{'greedy' if args.greedy else f'sampled (seed {args.seed})'} boundaries; "
+    info = (f"{len(data)} bytes, {n_chunks} chunks, {len(data) / n_chunks:.2f} bytes/chunk"
+            + ("" if inner is None else f", {int(inner.sum())} inner chunks ({args.inner_sep}), "
+                                          f"{len(data) / int(inner.sum()):.2f} bytes/inner chunk")
+            + f"; {'greedy' if args.greedy else f'sampled (seed {args.seed})'} boundaries; "
             f"weights {describe_weights(model)}")
     wrote = []
     if args.html:
         Path(args.html).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.html).write_text(render_html(data, b, probs, title, info), encoding="utf-8")
+        Path(args.html).write_text(render_html(data, b, probs, title, info, inner), encoding="utf-8")
         wrote.append(args.html)
     if args.png:
         render_png(data, b, probs, args.png, title=title, info=info)
@@ -79,6 +87,6 @@ def run(args) -> int:
     if wrote:
         print(f"{info}\nwrote {', '.join(wrote)}")
     else:
-        sys.stdout.write(render_terminal(data, b, printable(args.sep)) + "\n")
+        sys.stdout.write(render_terminal(data, b, printable(args.sep), inner, printable(args.inner_sep)) + "\n")
         print(f"[{info}]", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ class InferenceState:
     boundary: Any  # the boundary method's decoding state (see BoundaryModule.step)
     pending: Tensor  # (B, d): zhat of the most recent chunk
     pos: Tensor  # (B,) long: position of the next byte to consume
+    inner: Any = None  # model.stages=2: the inner stage's StageState (rltok/model/stage.py)
 
     @property
     def batch_size(self) -> int:
@@ -33,6 +34,8 @@ class InferenceState:
     @property
     def chunks(self) -> Tensor:
         """(B,) chunks so far per row."""
+        if self.inner is not None:
+            return self.inner.count
         return self.main[0].length if self.main else torch.zeros_like(self.pos)
 
     def select(self, rows: Tensor) -> "InferenceState":
@@ -41,15 +44,18 @@ class InferenceState:
                               main=[c.select(rows) for c in self.main],
                               decoder=[c.select(rows) for c in self.decoder],
                               boundary=select_rows(self.boundary, rows),
-                              pending=self.pending[rows], pos=self.pos[rows])
+                              pending=self.pending[rows], pos=self.pos[rows],
+                              inner=None if self.inner is None else self.inner.select(rows))
 
     def cache_bytes(self) -> dict[str, int]:
         """Memory held: byte layers (bounded by the window), main layers (allocated and used,
         bounded by the chunk count)."""
-        main_used = sum(2 * c.k[0, :, 0].numel() * c.k.element_size() * int(c.length.sum())
-                        for c in self.main)
+        main = list(self.main)
+        if self.inner is not None:
+            main += self.inner.encoder + self.inner.main + self.inner.decoder
+        main_used = sum(2 * c.k[0, :, 0].numel() * c.k.element_size() * int(c.length.sum()) for c in main)
         return {"byte_layers": sum(c.nbytes() for c in self.encoder + self.decoder),
-                "main_allocated": sum(c.nbytes() for c in self.main), "main_used": main_used}
+                "main_allocated": sum(c.nbytes() for c in main), "main_used": main_used}
 
 
 @dataclass

@@ -25,6 +25,7 @@ from ..errors import RltokError
 from .chunking import Chunks, chunk_indices
 from .inference import DecodeStep, InferenceState, PrefillOutput, _fit, _pad_rows, _with_end_column
 from .layers import Block, KVCache, PackedRows, RMSNorm, rope_angles
+from .stage import ChunkStage, StageOutput, inner_noise, inner_noise_step
 
 
 @dataclass
@@ -35,6 +36,9 @@ class UNetOutput:
     chunks: Chunks
     hidden: Tensor | None = None  # (B, S, d): encoder output h (incremental decoding reads it)
     zhat: Tensor | None = None  # (B, M, d): main-network output per chunk
+    inner: StageOutput | None = None  # model.stages=2: the inner stage's output
+    # model.stages=2, training: next-byte logits through the exit that skips the inner stage
+    skip_logits: Tensor | None = None
 
 
 # on_kv(stage, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
@@ -49,7 +53,9 @@ def _layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
 class ByteUNet(nn.Module, HubMixin):
     family = "unet"
 
-    def __init__(self, cfg: ModelConfig, boundary: BoundaryModule):
+    def __init__(self, cfg: ModelConfig, boundary: BoundaryModule, inner: ChunkStage | None = None):
+        """``inner``: the second stage of a two-stage U-Net (model.stages=2), which then takes
+        the main network's place."""
         super().__init__()
         self.cfg = cfg
         d, h, eps = cfg.d_model, cfg.n_heads, cfg.norm_eps
@@ -58,7 +64,9 @@ class ByteUNet(nn.Module, HubMixin):
         self.embed = nn.Embedding(N_INPUT_IDS, d)
         self.encoder = nn.ModuleList(Block(d, h, byte_hidden, cfg.window, eps) for _ in range(cfg.enc_layers))
         self.boundary = boundary
-        self.main = nn.ModuleList(Block(d, h, main_hidden, None, eps) for _ in range(cfg.main_layers))
+        n_main = 0 if inner is not None else cfg.main_layers
+        self.main = nn.ModuleList(Block(d, h, main_hidden, None, eps) for _ in range(n_main))
+        self.inner = inner
         self.decoder = nn.ModuleList(Block(d, h, byte_hidden, cfg.window, eps) for _ in range(cfg.dec_layers))
         self.norm = RMSNorm(d, eps) if cfg.head_norm else nn.Identity()
         self.head = nn.Linear(d, N_OUTPUT_IDS)
@@ -101,27 +109,48 @@ class ByteUNet(nn.Module, HubMixin):
             x = blk(x, cos, sin, rows=rows)
         return rows.unpack(x)
 
+    def decode(self, u: Tensor, cos: Tensor, sin: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
+        """Decoder layers and the final head: next-byte logits (B, S, 257)."""
+        for i, blk in enumerate(self.decoder):
+            u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
+        return self.head(self.norm(u))
+
     def forward(self, ids: Tensor, *, noise: Tensor | None = None, boundaries: Tensor | None = None,
                 mode: str = "sample", valid: Tensor | None = None,
-                on_kv: KVRecorder | None = None) -> UNetOutput:
+                on_kv: KVRecorder | None = None, inner_boundaries: Tensor | None = None) -> UNetOutput:
         """``boundaries`` (B, S) fixes the boundaries (teacher forcing); else the method decides,
         drawing its randomness from ``noise`` (B, S) uniforms when given. ``mode`` is ``sample``
         or ``greedy`` (threshold probabilities at 0.5). ``on_kv`` records every attention
-        layer's keys/values (see :data:`KVRecorder`)."""
+        layer's keys/values (see :data:`KVRecorder`). Two stages: ``inner_boundaries`` (B, M)
+        fixes the inner router's decisions over the outer chunks; its uniforms come from
+        ``noise`` (:func:`rltok.model.stage.inner_noise`)."""
         if valid is None:
             valid = ids != PAD
         h, cos, sin = self.encode(ids, on_kv)
+        if self.inner is not None and noise is None and boundaries is None and mode == "sample":
+            noise = torch.rand(ids.shape, device=ids.device)  # both levels draw from it
         bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
         chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
         z = self.boundary.downsample(h, bo, chunks)
-        zhat = self.boundary.chunk_output(self.run_main(z, chunks.positions, on_kv, chunks.valid), z)
-        u = self.boundary.upsample(h, zhat, bo, chunks)
-        for i, blk in enumerate(self.decoder):
-            u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
-        logits = self.head(self.norm(u))
+        stage = None
+        if self.inner is None:
+            zmain = self.run_main(z, chunks.positions, on_kv, chunks.valid)
+        else:
+            stage = self.inner(z, chunks.positions, chunks.valid, fixed=inner_boundaries, mode=mode, on_kv=on_kv,
+                               noise=inner_noise(noise, bo, chunks, mode, fixed=boundaries is not None))
+            zmain = stage.zhat
+        zhat = self.boundary.chunk_output(zmain, z)
+        logits = self.decode(self.boundary.upsample(h, zhat, bo, chunks), cos, sin, on_kv)
+        skip = None
+        if stage is not None and self.training:
+            # the inner router's reward baseline: the same prediction with the inner stage skipped
+            # (forward only: a baseline needs no gradient, and costs a third of a trained pass)
+            with torch.no_grad():
+                skip_zhat = self.boundary.chunk_output(stage.skip, z)
+                skip = self.decode(self.boundary.upsample(h, skip_zhat, bo, chunks), cos, sin)
         early = self.exit_head(self.early_norm(h))
         return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks,
-                          hidden=h, zhat=zhat)
+                          hidden=h, zhat=zhat, inner=stage, skip_logits=skip)
 
     # -- decoding: one byte at a time, with caches (forward above; rltok.generate samples) ------
     @torch.no_grad()
@@ -160,6 +189,8 @@ class ByteUNet(nn.Module, HubMixin):
             boundary=self.boundary.decode_state(out.hidden, ids, out.boundary, lengths),
             pending=self.boundary.decode_pending(out.zhat, out.boundary, ch, lengths - 1),
             pos=lengths.clone(),
+            inner=None if self.inner is None else self.inner.prefill_state(out.inner, kv, ch.positions,
+                                                                            n_chunks, reserve),
         )
         last = (lengths - 1)[:, None, None].expand(-1, 1, out.logits.shape[-1])
         return PrefillOutput(logits=out.logits.gather(1, last)[:, 0], state=state, forward=out, lengths=lengths)
@@ -185,8 +216,14 @@ class ByteUNet(nn.Module, HubMixin):
             zpos = pos[rows]
             zcos, zsin = rope_angles(zpos[:, None], hd, cfg.rope_theta)
             zin = z
-            for blk, c in zip(self.main, state.main):
-                z = blk.step(z, zcos, zsin, c, zpos, rows)
+            if self.inner is None:
+                for blk, c in zip(self.main, state.main):
+                    z = blk.step(z, zcos, zsin, c, zpos, rows)
+            else:
+                u_in = inner_noise_step(None if noise is None else noise[rows],
+                                        None if bs.prob is None else bs.prob[rows], (pos == 0)[rows], mode,
+                                        fixed=fixed is not None)
+                z, _ = self.inner.step(z, zpos, state.inner, rows, noise=u_in, mode=mode)
             z = self.boundary.chunk_output(z, zin)
             state.pending = state.pending.index_copy(0, rows, z[:, 0].to(state.pending.dtype))
         u = self.boundary.upsample_step(h, state.pending, bs)[:, None]
@@ -212,5 +249,5 @@ class ByteUNet(nn.Module, HubMixin):
 
         heads = [self.head, self.head] if self.cfg.shared_head else [self.head, self.early_head]  # applied twice
         per_byte = count(list(self.encoder) + list(self.decoder) + heads + [self.boundary])
-        per_chunk = count(list(self.main))
+        per_chunk = count(list(self.main) if self.inner is None else [self.inner])
         return per_byte, per_chunk

@@ -60,6 +60,7 @@ class RequestScore:
     logprobs: np.ndarray | None = None
     boundaries: np.ndarray | None = None
     probs: np.ndarray | None = None
+    inner_boundaries: np.ndarray | None = None  # two stages: the bytes that end an inner chunk
 
     @property
     def bits_per_byte(self) -> float:
@@ -120,6 +121,7 @@ def score_requests(model: nn.Module, requests: Sequence[Request], *, samples: in
     lp_out: list[np.ndarray | None] = [None] * len(requests)
     b_out: list[np.ndarray | None] = [None] * len(requests)
     p_out: list[np.ndarray | None] = [None] * len(requests)
+    i_out: list[np.ndarray | None] = [None] * len(requests)
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
     it = batches
     if progress:
@@ -165,11 +167,13 @@ def score_requests(model: nn.Module, requests: Sequence[Request], *, samples: in
                             b_out[i] = out.boundaries[r, bs].cpu().numpy().astype(bool)
                         if out.probs is not None:
                             p_out[i] = out.probs[r, bs].float().cpu().numpy()
+                        if out.inner_boundaries is not None:
+                            i_out[i] = out.inner_boundaries[r, bs].cpu().numpy().astype(bool)
     finally:
         model.train(was)
     return [RequestScore(nll=float(nll[i]), n_bytes=rows[i].n, greedy=float(greedy[i]),
                          truncated=rows[i].offset > 0, logprobs=lp_out[i], boundaries=b_out[i],
-                         probs=p_out[i]) for i in range(len(requests))]
+                         probs=p_out[i], inner_boundaries=i_out[i]) for i in range(len(requests))]
 
 
 def rolling_requests(text: bytes, seq_len: int) -> list[Request]:
