@@ -39,8 +39,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from rltok.boundaries import get_method  # noqa: E402
-from rltok.config import BOS, build_config  # noqa: E402
+from rltok.methods import get_method  # noqa: E402
+from rltok.schema import BOS
+from rltok.config import build_config  # noqa: E402
 from rltok.generate import generate  # noqa: E402
 
 C4 = REPO.parent / "shared" / "data" / "webtext" / "c4" / "c4_sample.jsonl"

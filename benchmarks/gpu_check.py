@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from rltok.boundaries import get_method  # noqa: E402
+from rltok.methods import get_method  # noqa: E402
 from rltok.config import build_config  # noqa: E402
 
 RESULTS: list[dict] = []

@@ -32,8 +32,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from rltok.boundaries import get_method
-    from rltok.config import apply_overrides, build_config
+    from rltok.methods import get_method
+    from rltok.schema import apply_overrides
+    from rltok.config import build_config
     from rltok.data import load_splits
     from rltok.data.loader import SequenceDataset
     from rltok.evaluate import autocast_for

@@ -39,6 +39,11 @@ from torch import nn
 from .errors import RltokError
 from .evaluate import boundary_enrichment
 from .objectives import WHITESPACE
+from .boundaries.bpe import fit_docs
+from .bpe import bpe_boundaries, fit_bpe_to_rate, load_tokenizer, save_tokenizer, token_lengths
+from .data import load_splits
+from .data.builtin import cache_dir
+from .tasks.scoring import Request, model_seq_len, score_requests
 
 HIST_MAX = 24
 
@@ -97,7 +102,6 @@ def pieces_of(docs: Sequence[bytes], size: int) -> list[bytes]:
 def segment_docs(model: nn.Module, docs: Sequence[bytes], *, seed: int = 0, mode: str = "sample",
                  batch_size: int = 16, dtype: str = "fp32", progress: bool | str = False):
     """Pieces of the documents with their per-byte scores (boundaries, probabilities, log-probs)."""
-    from .tasks.scoring import Request, model_seq_len, score_requests
 
     pieces = pieces_of(docs, model_seq_len(model) - 1)
     res = score_requests(model, [Request(b"", p) for p in pieces], seed=seed, mode=mode,
@@ -107,8 +111,6 @@ def segment_docs(model: nn.Module, docs: Sequence[bytes], *, seed: int = 0, mode
 
 def boundary_stats(model: nn.Module, docs: Sequence[bytes], bpe=None, *, hist_max: int = HIST_MAX,
                    **kw) -> BoundaryStats:
-    from .bpe import bpe_boundaries
-
     pieces, res = segment_docs(model, docs, **kw)
     n_bytes = n_chunks = 0
     nll = 0.0
@@ -268,7 +270,6 @@ def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | 
     """One row per language: bytes, characters, whitespace words; per run, chunks, bytes per
     chunk, chunks per word, bits and bits per byte; per tokenizer, tokens, bytes per token, tokens per word; and each
     count relative to the ``reference`` language (the same text)."""
-    from .bpe import token_lengths
 
     models, tokenizers = models or {}, tokenizers or {}
     rows = []
@@ -350,7 +351,6 @@ def run_bpe_path(cfg, max_bytes: int = 20_000_000):
     import hashlib
     import json as _json
 
-    from .data.builtin import cache_dir
 
     # "docs": how fit_docs picks documents (2: a fixed random order across the split)
     key = _json.dumps({"data": cfg.data.__dict__, "rate": cfg.boundary.target_rate, "max_bytes": max_bytes,
@@ -364,9 +364,6 @@ def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
     ``$RLTOK_CACHE/bpe/`` by (data source, split, rate). Returns (tokenizer, label)."""
     import sys
 
-    from .boundaries.bpe import fit_docs
-    from .bpe import fit_bpe_to_rate, load_tokenizer, save_tokenizer
-    from .data import load_splits
 
     rate = cfg.boundary.target_rate
     path = run_bpe_path(cfg, max_bytes)

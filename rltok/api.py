@@ -25,17 +25,21 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import BOS, PAD
+from .schema import BOS, PAD
 from .data.loader import Batch
 from .evaluate import autocast_for, eval_noise
 from .objectives import score as score_batch
 from .tasks.scoring import model_seq_len
+from .data.corpus import Corpus
+from .data.loader import document_windows, window_starts
+from .rates import requested_rate
+from .run import load_model
+from .text import to_bytes
 
 
 def load(run: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
     """The model of a run directory (final weights, else its newest valid checkpoint), in eval
     mode, with ``.run_config`` attached."""
-    from .run import load_model
 
     return load_model(run, device=device, checkpoint=checkpoint)
 
@@ -53,8 +57,6 @@ class Scored:
 
 
 def _as_bytes(t: str | bytes) -> bytes:
-    from .text import to_bytes
-
     return to_bytes(t)
 
 
@@ -98,7 +100,6 @@ def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode:
     noise = eval_noise(seed, 0, range(len(raw)), batch.ids.shape[1]).to(device)
     was = model.training
     model.eval()
-    from .rates import requested_rate
 
     with requested_rate(model, rate, "rate="), autocast_for(device, dtype):
         out = score_batch(model, batch, noise=noise, mode=mode, boundaries=fixed)
@@ -198,9 +199,6 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
     (``data.loader.window_starts``); a byte's boundary comes from a window where it has at least
     a quarter of a window of context before it and is not the window's forced end. ``rate``: the
     boundary rate of a rate-conditioned model."""
-    from .data.corpus import Corpus
-    from .data.loader import document_windows, window_starts
-    from .rates import requested_rate
 
     raw = [_as_bytes(t) for t in texts]
     if any(not r for r in raw):

@@ -25,10 +25,15 @@ from typing import Any
 
 import torch
 
-from .config import RunConfig, build_config
+from .schema import RunConfig
+from .config import build_config
 from .distributed import DistInfo, resolve_device
 from .errors import RltokError
 from .flops import training_flops_per_byte
+from .data import load_splits
+from .data.loader import SequenceDataset
+from .run import build_model, load_model, read_config
+from .train import TrainStep, batch_layout, make_optimizer
 
 # Dense (no sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s: (bf16, fp32).
 # Matched as substrings of torch.cuda.get_device_name(), first match wins.
@@ -134,11 +139,7 @@ class Bench:
 
     def __init__(self, method: str, preset: str, overrides: dict[str, Any] | None = None,
                  device: str = "auto", splits=None, init_from: str | None = None):
-        from .data import load_splits
-        from .data.loader import SequenceDataset
         from .parallel import compile_blocks
-        from .run import build_model
-        from .train import TrainStep, batch_layout, make_optimizer
 
         over = dict(overrides or {})
         over.setdefault("train.device", device)
@@ -150,7 +151,6 @@ class Bench:
         self.splits = splits if splits is not None else load_splits(cfg)
         self.model = build_model(cfg, None).to(self.device)
         if init_from is not None:  # a trained run's weights: its boundaries run at the learned rate
-            from .run import load_model
 
             try:
                 self.model.load_state_dict(load_model(init_from).state_dict())
@@ -208,11 +208,9 @@ def run_interleaved(methods: list[str], preset: str, steps: int = 10, warmup: in
     """Time ``steps`` training steps of each method, alternating between the methods step by
     step after ``warmup`` untimed steps each. The matmul peak is measured before and after (the
     mean is used), in the same process."""
-    from .data import load_splits
 
     first = build_config(methods[0], preset, overrides={**(overrides or {}), "train.device": device})
     splits = load_splits(first)  # every method reads the same documents
-    from .run import read_config
 
     runs = {read_config(r).method: r for r in (init_from or [])}
     benches = [Bench(m, preset, overrides, device, splits=splits, init_from=runs.get(m)) for m in methods]

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from .errors import RltokError
+from .checkpoint import write_bytes_atomic
 
 SPECIAL = ["<bos>", "<eos>"]
 
@@ -158,8 +159,6 @@ def fit_bpe_to_rate(docs: Sequence[bytes], target_rate: float, *, min_vocab: int
 
 
 def save_tokenizer(tok, path: str | Path, info: dict | None = None) -> None:
-    from .checkpoint import write_bytes_atomic
-
     path = Path(path)
     write_bytes_atomic(path, tok.to_str().encode())
     if info is not None:

@@ -39,8 +39,21 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .config import RunConfig, build_config
+from .schema import RunConfig
+from .config import build_config
 from .errors import RltokError
+from . import bpe as bpe_lib
+from .boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids, fit_docs
+from .checkpoint import write_json_atomic
+from .data import load_splits
+from .data.sources import load_corpus
+from .evaluate import evaluate_corpus
+from .flops import training_flops_per_byte
+from .metrics import read_metrics
+from .model.chunking import decided_mask
+from .run import SUMMARY, is_finished, is_run, load_model, read_config, read_summary
+from .schema import PAD, _split_kv, apply_overrides, resolve_key
+from .train import train
 
 ALIASES = {"policy_scale": "boundary.scale"}
 SETUP_FILLED = {"boundary.n_layers", "boundary.mlp_hidden", "boundary.token_rate"}  # 0 = chosen at setup
@@ -155,8 +168,6 @@ def _base_overrides(spec: CompareSpec, seed: int) -> dict[str, Any]:
 
 
 def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference: Path | None) -> RunConfig:
-    from .config import _split_kv, apply_overrides, resolve_key
-
     try:
         cfg = build_config(v.method, spec.preset, spec.recipe, _base_overrides(spec, seed))
         # --set applies to every method that has the key (plan() rejects keys that none has)
@@ -174,7 +185,6 @@ def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference
 def plan(spec: CompareSpec, bpe_reference: Path | None = None) -> list[PlannedRun]:
     """Every (variant, seed) run with its resolved config, seed-major: all methods with the first
     seed come first, so an interrupted comparison has one complete seed early."""
-    from .config import _split_kv, resolve_key
 
     runs = []
     for s in spec.overrides:
@@ -227,17 +237,12 @@ class BpeAgreement:
     positions (not the forced first/last, not padding) of the evaluation documents."""
 
     def __init__(self, tokenizer):
-        from .boundaries.bpe import BoundaryCache
-
         self.cache = BoundaryCache(tokenizer)
         self.tp = self.n_pred = self.n_ref = 0
 
     def __call__(self, idx, batch, out, sample) -> None:
         if out.boundaries is None:
             return
-        from .boundaries.bpe import bpe_boundaries_for_ids
-        from .config import PAD
-        from .model.chunking import decided_mask
 
         ids = batch.ids.cpu()
         ref = torch.from_numpy(bpe_boundaries_for_ids(self.cache, ids.numpy()))
@@ -264,8 +269,6 @@ def eval_key(spec: CompareSpec, corpus_name: str, n_docs: int, reference_sha: st
 
 def evaluate_run(run: PlannedRun, corpus, spec: CompareSpec, key: dict, tokenizer, device: torch.device) -> dict:
     """Evaluate a finished run on the comparison's documents (cached in the run directory)."""
-    from .evaluate import evaluate_corpus
-    from .run import load_model
 
     path = run.run_dir / EVAL_FILE
     if path.is_file():
@@ -284,24 +287,18 @@ def evaluate_run(run: PlannedRun, corpus, spec: CompareSpec, key: dict, tokenize
     out.update(agree.result() if agree is not None else
                {"bpe_precision": float("nan"), "bpe_recall": float("nan"), "bpe_f1": float("nan")})
     out.update(training_record(run.run_dir, model))
-    from .checkpoint import write_json_atomic
 
     write_json_atomic(path, {"key": key, "summary_mtime": _summary_mtime(run.run_dir), "result": out})
     return out
 
 
 def _summary_mtime(run_dir: Path) -> float:
-    from .run import SUMMARY
-
     p = run_dir / SUMMARY
     return p.stat().st_mtime if p.exists() else 0.0
 
 
 def training_record(run_dir: Path, model) -> dict[str, Any]:
     """Training rate, throughput, parameters and FLOPs of a finished run."""
-    from .flops import training_flops_per_byte
-    from .metrics import read_metrics
-    from .run import read_summary
 
     summary = read_summary(run_dir) or {}
     steps = [r for r in read_metrics(run_dir) if "event" not in r]
@@ -332,8 +329,6 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
 
 def _reference_bpe(spec: CompareSpec, base: RunConfig, train_corpus, log: Callable[[str], None]) -> Path:
     """DIR/bpe_reference.json: a BPE fitted to the target rate on the training split (made once)."""
-    from . import bpe as bpe_lib
-    from .boundaries.bpe import fit_docs
 
     path = spec.out / BPE_REFERENCE
     if path.is_file():
@@ -359,13 +354,8 @@ def run_compare(spec: CompareSpec, *, train_runs: bool = True, progress: bool = 
     content; ``results["exit_code"]`` is non-zero when training was interrupted."""
     import os
 
-    from . import bpe as bpe_lib
     from .compare_report import aggregate, write_reports
-    from .data import load_splits
-    from .data.sources import load_corpus
     from .distributed import resolve_device
-    from .run import is_finished, is_run, read_config
-    from .train import train
 
     log = log or (lambda m: print(m, file=sys.stderr, flush=True))
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -388,7 +378,6 @@ def run_compare(spec: CompareSpec, *, train_runs: bool = True, progress: bool = 
     ref_path = _reference_bpe(spec, base, base_splits.train, log).resolve()
     ref_tok = bpe_lib.load_tokenizer(ref_path)
     runs = plan(spec, ref_path)
-    from .checkpoint import write_json_atomic
 
     write_json_atomic(spec.out / "compare.json", {
         "preset": spec.preset, "recipe": spec.recipe, "data": base.data.source,

@@ -21,6 +21,8 @@ import numpy as np
 
 from .evaluate import standard_error
 from .flops import format_flops
+from .checkpoint import write_bytes_atomic
+from .metrics import read_metrics
 
 _MEAN_KEYS = ("rate", "whitespace_recall", "whitespace_precision", "word_start_recall", "bpe_precision", "bpe_recall", "bpe_f1",
               "boundary_enrichment", "start_surprisal_ratio",
@@ -228,8 +230,6 @@ def markdown(results: dict, records: list[dict]) -> str:
 
 
 def _series(run_dir: str) -> tuple[dict[int, dict], list[dict]]:
-    from .metrics import read_metrics
-
     steps, evals = {}, []
     for r in read_metrics(Path(run_dir)):
         if "event" not in r and "bytes" in r:
@@ -305,8 +305,6 @@ def _jsonable(x):
 
 
 def write_reports(out: Path, results: dict, records: list[dict]) -> None:
-    from .checkpoint import write_bytes_atomic
-
     write_bytes_atomic(out / "results.json", (json.dumps(_jsonable(results), indent=2) + "\n").encode())
     write_bytes_atomic(out / "results.md", markdown(results, records).encode())
     if records:

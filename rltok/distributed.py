@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from .errors import RltokError
 
 
 @dataclass
@@ -105,8 +106,6 @@ def launched_by_torchrun() -> bool:
 def resolve_device(pref: str, local_rank: int = 0) -> torch.device:
     if pref == "cuda" or (pref == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
-            from .errors import RltokError
-
             raise RltokError("train.device=cuda but no CUDA device is available")
         return torch.device("cuda", local_rank)
     return torch.device("cpu")

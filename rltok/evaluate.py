@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .config import PAD
+from .schema import PAD
 from .data.corpus import Corpus
 from .data.loader import Batch, document_windows
 from .model.chunking import decided_mask

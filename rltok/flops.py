@@ -29,7 +29,10 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .config import RunConfig
+from .schema import RunConfig
+from .boundaries.fixed import UniformBoundaries
+from .model.unet import ByteUNet
+from .schema import BoundaryConfig
 
 ATTN_FLOPS_PER_KEY_DIM = 12  # (QK^T + AV) x 2 FLOPs per multiply-add x 3 (forward + backward)
 
@@ -122,9 +125,6 @@ def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None
 def reference_unet(cfg: RunConfig) -> nn.Module:
     """The U-Net of this model config with parameter-free boundaries, on the meta device (no
     memory): the reference that ``bytes`` matches in parameters and ``bpe-lm`` in FLOPs."""
-    from .boundaries.fixed import UniformBoundaries
-    from .config import BoundaryConfig
-    from .model.unet import ByteUNet
 
     with torch.device("meta"):
         return ByteUNet(cfg.model, UniformBoundaries(cfg.model, BoundaryConfig(target_rate=cfg.boundary.target_rate)))

@@ -50,10 +50,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .config import BOS, PAD
+from .schema import BOS, PAD
 from .errors import RltokError
 from .model.inference import DecodeStep, InferenceState, PrefillOutput  # noqa: F401  (the decoding types)
 from .model.inference import _fit, _pad_rows, _with_end_column
+from .evaluate import autocast_for
+from .text import to_bytes
 
 STOP_REASONS = ("eos", "stop", "length")  # end of document predicted, stop string, max_new_bytes
 
@@ -271,8 +273,6 @@ class _Streamer:
 
 
 def _as_bytes(p: str | bytes) -> bytes:
-    from .text import to_bytes
-
     return to_bytes(p)
 
 
@@ -358,7 +358,6 @@ def generate(model: nn.Module, prompts: str | bytes | Sequence[str | bytes], max
     noise = torch.from_numpy(np.stack([s[0] for s in streams])).to(device)
     byte_u = torch.from_numpy(np.stack([s[1] for s in streams]))
 
-    from .evaluate import autocast_for
 
     was_training = model.training
     model.eval()

@@ -30,6 +30,8 @@ from typing import Any
 
 from .errors import RltokError
 from .version import __version__
+from .checkpoint import save_tensors_atomic, write_json_atomic
+from .run import load_model, read_summary, write_config
 
 # files of a run that are its history, not part of the model
 _HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json", ".lock", "README.md"}
@@ -38,8 +40,6 @@ _HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json",
 def save_pretrained(model, save_directory: str | Path, repo_id: str | None = None) -> Path:
     """Write ``model`` (one loaded by ``rltok.load`` or trained by rltok, so that it carries its
     ``run_config``) to ``save_directory`` in the layout of the module docstring."""
-    from .checkpoint import save_tensors_atomic, write_json_atomic
-    from .run import write_config
 
     cfg = getattr(model, "run_config", None)
     if cfg is None:
@@ -75,7 +75,6 @@ def save_pretrained(model, save_directory: str | Path, repo_id: str | None = Non
 def final_summary(model) -> dict | None:
     """The run's summary.json when the model holds that run's final weights, else None (the
     summary's evaluation would describe other weights)."""
-    from .run import read_summary
 
     run_dir = getattr(model, "run_dir", None)
     w = getattr(model, "weights", None) or {}
@@ -144,7 +143,6 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, ca
                     device: str = "cpu"):
     """The model in a local directory (a saved model or a run) or a Hub repo (downloaded into
     the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1`` reads the cache only)."""
-    from .run import load_model
 
     path = Path(name_or_path)
     if not path.is_dir():
@@ -181,28 +179,3 @@ def push_to_hub(model, repo_id: str, *, private: bool | None = None, token: str 
         save_pretrained(model, tmp, repo_id=repo.repo_id)
         return api.upload_folder(repo_id=repo.repo_id, folder_path=tmp, commit_message=commit_message,
                                  revision=revision, create_pr=create_pr, repo_type="model")
-
-
-class HubMixin:
-    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` on rltok's model classes."""
-
-    def save_pretrained(self, save_directory: str | Path, *, push_to_hub: bool = False,
-                        repo_id: str | None = None, **push_kwargs) -> Path:
-        out = save_pretrained(self, save_directory)
-        if push_to_hub:
-            self.push_to_hub(repo_id or Path(save_directory).name, **push_kwargs)
-        return out
-
-    @classmethod
-    def from_pretrained(cls, name_or_path: str | Path, **kwargs):
-        model = from_pretrained(name_or_path, **kwargs)
-        if not isinstance(model, cls):
-            raise RltokError(f"{name_or_path}: holds a {type(model).__name__} ({model.run_config.method}), "
-                             f"not a {cls.__name__}: load it with rltok.from_pretrained")
-        return model
-
-    def push_to_hub(self, repo_id: str, **kwargs):
-        return push_to_hub(self, repo_id, **kwargs)
-
-    def model_card(self):
-        return model_card(self, final_summary(self))

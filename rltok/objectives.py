@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .boundaries.base import LossContext
-from .config import PAD, RunConfig
+from .schema import PAD, RunConfig
 from .data.loader import Batch
 from .model.stage import chunk_sums, inner_boundary_bytes
 
@@ -196,9 +196,7 @@ def register_family(name: str, loss_fn: Callable[..., StepLoss], score_fn: Calla
 
 
 def _family(model: nn.Module) -> str:
-    from .boundaries import _load_all
-
-    _load_all()  # families are registered by method modules
+    # a flat model's module registered its family when it was imported, before the model existed
     return getattr(model, "family", "unet")
 
 

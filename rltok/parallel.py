@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import RunConfig
+from .schema import RunConfig
 from .distributed import DistInfo
+from .checkpoint import load_optimizer_state, optimizer_state
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
@@ -89,7 +90,6 @@ def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, sharded: 
     """(tensors, meta) in the checkpoint's format (parameters numbered in ``named_parameters``
     order, full tensors), whatever the parallelism. Collective when ``sharded``; the result is
     only complete on rank 0 then."""
-    from .checkpoint import optimizer_state
 
     if not sharded:
         return optimizer_state(opt)
@@ -114,7 +114,6 @@ def load_full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, tens
                               meta: dict[str, Any], sharded: bool) -> None:
     """Load a checkpoint's full optimizer state (any world size) into ``opt``; with FSDP each
     rank keeps its shard."""
-    from .checkpoint import load_optimizer_state
 
     if not sharded:
         load_optimizer_state(opt, tensors, meta)

@@ -20,10 +20,13 @@ import torch
 from torch import nn
 
 from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
-from .config import FORMAT_VERSION, RunConfig
+from .config import check_stages, run_config_from_dict
 from .errors import RltokError
+from .methods import get_method
+from .schema import FORMAT_VERSION, RunConfig
 from .metrics import METRICS  # noqa: F401  (part of the run layout)
 from .version import __version__
+from .checkpoint import load_checkpoint
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"
@@ -55,7 +58,7 @@ def read_config(run_dir: Path) -> RunConfig:
                          f"{fmt}; this rltok ({__version__}) reads formats up to {FORMAT_VERSION}: upgrade rltok")
     try:
         # format 0: runs from before versions were recorded; their keys are checked leniently
-        return RunConfig.from_dict(d, strict=fmt >= 1, format_version=fmt).validate()
+        return check_stages(run_config_from_dict(d, strict=fmt >= 1, format_version=fmt).validate())
     except RltokError as e:
         written = f" (written by rltok {d['rltok_version']})" if "rltok_version" in d else ""
         raise RltokError(f"{run_dir / CONFIG}: {e}{written}") from None
@@ -141,8 +144,6 @@ class RunLock:
 
 
 def build_model(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
-    from .boundaries import get_method
-
     return get_method(cfg.method).build(cfg, run_dir)
 
 
@@ -156,7 +157,6 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoi
         path = Path(checkpoint)
         if not path.is_absolute() and not path.exists():
             path = run_dir / "checkpoints" / checkpoint
-        from .checkpoint import load_checkpoint
 
         tensors = load_checkpoint(path)[0]
         source = path

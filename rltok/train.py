@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from . import checkpoint as ckpt
-from .config import RunConfig
+from .schema import RunConfig
 from .data import load_splits
 from .data.corpus import Splits
 from .data.loader import SequenceDataset
@@ -40,6 +40,8 @@ from .threads import describe_current
 
 from .signals import EXIT_SIGINT, EXIT_SIGTERM  # noqa: F401  (documented exit statuses)
 from .signals import StopRequest as _StopRequest
+from .flops import format_flops, training_flops_per_byte
+from .methods import get_method
 
 
 def lr_at(bytes_seen: float, cfg: RunConfig, total_bytes: float) -> float:
@@ -343,8 +345,6 @@ def _setup_run(cfg: RunConfig, out: Path, info: DistInfo, resume: bool, splits: 
     if len(splits.train) == 0:
         raise RltokError(f"data source {cfg.data.source!r}: no training documents after the split")
     if info.is_main and not resume:
-        from .boundaries import get_method
-
         spec = get_method(cfg.method)
         if spec.setup is not None:
             spec.setup(cfg, splits.train, out)
@@ -648,7 +648,6 @@ def _show(bar, rec: dict[str, Any]) -> None:
 def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
     """What a run is, said before it starts: the model's size (applied per byte and per chunk),
     the data, the device, dtype and threads, and the training FLOPs per byte at the target rate."""
-    from .flops import format_flops, training_flops_per_byte
 
     n = sum(p.numel() for p in model.parameters())
     try:

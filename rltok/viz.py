@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+from .errors import RltokError
+from .metrics import read_metrics as read
 
 PREFERRED_FONTS = ("DejaVu Sans", "Noto Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans JP",
                    "Droid Sans Fallback", "Noto Sans Arabic", "Noto Sans Hebrew", "Noto Sans Devanagari",
@@ -319,8 +321,6 @@ def render_png(data: bytes, boundaries: np.ndarray, probs: np.ndarray | None, ou
 # -- charts --------------------------------------------------------------------------------------
 
 def read_metrics(run_dir: str | Path) -> list[dict]:
-    from .metrics import read_metrics as read
-
     return read(run_dir, missing_ok=False)
 
 
@@ -360,8 +360,6 @@ def plot_curves(run_dirs: Sequence[str | Path], out: str | Path, labels: Sequenc
     panels = [(t, series) for t, series in CURVES
               if any(k in rec for recs in data for rec in recs for k, _, _ in series)]
     if not panels:
-        from .errors import RltokError
-
         raise RltokError("no curves to plot: the metrics hold no known series")
     ncol = 3 if len(panels) > 4 else 2
     nrow = math.ceil(len(panels) / ncol)

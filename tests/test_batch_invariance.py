@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from rltok.boundaries import get_method, method_names
+from rltok.methods import get_method, method_names
 from rltok.config import build_config
 from rltok.data.corpus import Corpus
 from rltok.evaluate import evaluate_corpus

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rltok.bench import datasheet_peak, measure_matmul_peak
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.cli import main
 from rltok.config import build_config
 from rltok.flops import mean_causal_keys, reference_unet, training_flops_per_byte

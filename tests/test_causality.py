@@ -4,7 +4,7 @@ forced-only boundary patterns, and for the method's own (sampled) boundaries."""
 import pytest
 import torch
 
-from rltok.boundaries import get_method, method_names
+from rltok.methods import get_method, method_names
 from rltok.config import build_config
 
 S = 48
@@ -91,7 +91,7 @@ def test_method_boundaries_are_causal(method, over):
 def _prefix_pair(model, n_short=30, seed=4):
     """Outputs and boundaries of a short document and of a longer one that starts with it (the
     short one padded to the same width), each in its own forward pass, on the same noise."""
-    from rltok.config import PAD
+    from rltok.schema import PAD
 
     g = torch.Generator().manual_seed(seed)
     long_ids = torch.randint(0, 256, (1, S), generator=g)

@@ -162,7 +162,7 @@ def test_install_keeps_an_installed_torch():
 
 
 def test_off_target_remark():
-    from rltok.config import off_target
+    from rltok.schema import off_target
 
     assert off_target("rl", 0.244, 0.2) and off_target("hnet", 0.17, 0.2)
     assert not off_target("rl", 0.219, 0.2) and not off_target("rl", float("nan"), 0.2)

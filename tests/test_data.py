@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from rltok.config import BOS, PAD, DataConfig
+from rltok.schema import BOS, PAD, DataConfig
 from rltok.data.corpus import Corpus, split_corpus
 from rltok.data.loader import SequenceDataset, document_batches
 from rltok.data.sources import load_corpus, read_documents

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltok.boundaries import method_names
+from rltok.methods import method_names
 from rltok.checkpoint import load_tensors
 from rltok.config import build_config
 from rltok.data.prepare import PrepareOptions, prepare

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rltok import estimator as est
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.config import build_config
 from rltok.objectives import per_position_ce
 

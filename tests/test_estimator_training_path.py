@@ -25,7 +25,7 @@ import math
 import pytest
 import torch
 
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.boundaries.base import bernoulli_log_prob
 from rltok.config import build_config
 from rltok.data.loader import Batch

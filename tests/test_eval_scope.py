@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rltok.cli import main
-from rltok.config import BOS, PAD
+from rltok.schema import BOS, PAD
 from rltok.data.corpus import Corpus
 from rltok.data.loader import document_windows, window_starts
 from rltok.evaluate import evaluate_corpus

@@ -31,7 +31,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rltok.cli import main
-from rltok.config import apply_overrides, build_config, config_keys
+from rltok.schema import apply_overrides, config_keys
+from rltok.config import build_config
 from rltok.data.sources import read_documents
 from rltok.errors import RltokError
 from rltok.tasks.formats import TASKS, read_official

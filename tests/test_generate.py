@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from rltok.boundaries import get_method, method_names
+from rltok.methods import get_method, method_names
 from rltok.boundaries.base import BoundaryModule, BoundaryOutput
-from rltok.config import BOS, PAD, build_config
+from rltok.schema import BOS, PAD
+from rltok.config import build_config
 from rltok.errors import RltokError
 from rltok.generate import generate, generate_until, prefill, sample_next, step
 from rltok.model.layers import Block, KVCache, rope_angles
@@ -53,6 +54,10 @@ def _decodable():
                 out.append((name, {"boundary.rate_schedule": "uniform:0.1:0.3"}))
             if name == "uniform":
                 out.append((name, {"boundary.upsample": "deviation"}))
+            if name == "hnet":
+                out.append((name, {"boundary.rate_control": "threshold"}))
+            if name == "whitespace":
+                out.append((name, {"boundary.rule": "ascii"}))
     return out
 
 
@@ -166,13 +171,18 @@ def test_teacher_forced_decoding_matches_full_forward(method, over, batch):
 
 @pytest.mark.parametrize("method,over", DECODABLE, ids=IDS)
 def test_step_forces_a_boundary_at_bos(method, over):
+    """Position 0 ends a chunk whatever the noise says (and has log-probability 0); rl with noise 1
+    draws no boundary elsewhere, so the forcing is what sets it."""
     model = _model(method, **over)
     h = torch.randn(3, model.cfg.d_model)
-    st = model.boundary.step(h, torch.tensor([BOS, 5, 6]), None, pos=torch.tensor([0, 0, 3]),
-                             noise=torch.ones(3), mode="sample")  # noise 1: no sampled boundary
-    assert st.b.tolist() == [True, True, False]
-    if st.log_prob is not None:
-        assert st.log_prob[:2].tolist() == [0.0, 0.0]
+    for u in (0.0, 1.0):
+        st = model.boundary.step(h, torch.tensor([BOS, 97, 98]), None, pos=torch.tensor([0, 0, 3]),
+                                 noise=torch.full((3,), u), mode="sample")
+        assert st.b[:2].tolist() == [True, True]
+        if st.log_prob is not None:
+            assert st.log_prob[:2].tolist() == [0.0, 0.0]
+        if method == "rl" and u == 1.0:
+            assert not st.b[2]
 
 
 def test_default_replay_state_equals_the_policy_shortcut():

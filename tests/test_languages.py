@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rltok import estimator as est
-from rltok.config import BOS, build_config
+from rltok.schema import BOS
+from rltok.config import build_config
 from rltok.data.corpus import Corpus
 from rltok.data.languages import corpus_languages, language_bytes, reweight, temperature_shares
 from rltok.errors import RltokError
@@ -50,7 +51,7 @@ def test_document_rate_scope_through_the_training_path():
     its own document's excess: it equals the batch controller's for a single document and differs
     from it once two documents' rates differ. (The bias alone cannot tell them apart: its gradient
     sums the excess over positions, which is the batch's excess either way.)"""
-    from rltok.boundaries import get_method
+    from rltok.methods import get_method
     from rltok.data.loader import Batch
     from rltok.objectives import training_loss
 

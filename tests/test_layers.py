@@ -52,7 +52,7 @@ def test_explicit_causal_attention_matches_sdpa_and_bf16_error_is_flash_like(T):
 def test_main_network_on_packed_chunks_matches_the_padded_layout():
     """The main network run on the real chunks only (PackedRows) gives the padded layout's
     outputs on every real chunk, values and gradients."""
-    from rltok.boundaries import get_method
+    from rltok.methods import get_method
     from rltok.config import build_config
 
     cfg = build_config("rl", "smoke", overrides={"model.seq_len": 32})

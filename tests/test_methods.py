@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.boundaries.fixed import spacelike, stride_boundaries, whitespace_boundaries
 from rltok.boundaries.hnet import ema_loop, ema_scan
 from rltok.boundaries.nawrot import binomial_nll, logistic_noise, straight_through_pool_weights
-from rltok.config import BOS, PAD, build_config
+from rltok.schema import BOS, PAD
+from rltok.config import build_config
 from rltok.model.chunking import chunk_indices, mean_pool
 from rltok.objectives import training_loss
 

@@ -231,3 +231,37 @@ def test_bad_part_options_are_one_line():
         build_config("uniform", "smoke", overrides={"boundary.upsample": "ema"})
     with pytest.raises(RltokError, match="last or mean"):
         build_config("rl", "smoke", overrides={"boundary.pool": "max"})
+
+
+def test_integral_rate_controller_by_hand():
+    """boundary.rate_integral_gain=g: after a training micro-batch the logit offset moves by
+    -g (F - r*), F the batch's boundary fraction (forced ends included); every logit moves with it;
+    nothing moves in eval mode; the offset is a buffer (saved with the weights); off by default."""
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    cfg = build_config("rl", "smoke", overrides={"boundary.rate_integral_gain": 2.0, "boundary.target_rate": 0.1})
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    pol = model.boundary
+    assert "boundary.rate_offset" in model.state_dict()
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (4, 64), generator=g)
+    batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
+                  noise=torch.rand(4, 64, generator=g), index=torch.arange(4))
+    sl = training_loss(model, batch, cfg)
+    F = float(sl.stats["n_boundary"] / sl.stats["n_valid"])
+    assert F > 0.1  # the initial policy is above the target here
+    assert float(pol.rate_offset) == pytest.approx(-2.0 * (F - 0.1), rel=1e-5)
+    assert pol.bias0 == pytest.approx(math.log(0.1 / 0.9) + float(pol.rate_offset), rel=1e-6)
+    with torch.no_grad():
+        lo = model(ids, noise=batch.noise).boundary.logits
+        pol.rate_offset.add_(0.5)
+        hi = model(ids, noise=batch.noise).boundary.logits
+    assert ((hi - lo) > 0).all()  # every logit follows the offset (through the soft cap)
+    model.eval()
+    before = float(pol.rate_offset)
+    training_loss(model, batch, cfg)
+    assert float(pol.rate_offset) == before
+    plain = build_model(build_config("rl", "smoke"))
+    assert "boundary.rate_offset" not in plain.state_dict()

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.boundaries.policy import scan_decisions
 from rltok.config import build_config
 

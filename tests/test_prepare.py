@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rltok.cli import main
-from rltok.config import DataConfig
+from rltok.schema import DataConfig
 from rltok.data import load_splits
 from rltok.data.corpus import split_corpus
 from rltok.data.loader import SequenceDataset

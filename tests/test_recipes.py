@@ -3,7 +3,8 @@
 import pytest
 
 from rltok.cli import main
-from rltok.config import RECIPES, build_config, config_keys
+from rltok.config import RECIPES, build_config
+from rltok.schema import config_keys
 from rltok.errors import RltokError
 
 

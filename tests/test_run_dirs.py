@@ -70,7 +70,7 @@ def damaged(request, smoke_runs, tmp_path):
 
 def test_a_run_records_who_wrote_it(smoke_runs):
     import rltok
-    from rltok.config import FORMAT_VERSION
+    from rltok.schema import FORMAT_VERSION
 
     d = json.loads((smoke_runs["rl"] / "config.json").read_text())
     assert d["rltok_version"] == rltok.__version__ and d["format_version"] == FORMAT_VERSION
@@ -142,7 +142,7 @@ def test_older_formats_open_without_the_keys_added_since(smoke_runs, tmp_path, f
     """A key added in a later format takes its default in an older run; a key its own format
     already had is still named when missing."""
     import rltok
-    from rltok.config import ADDED_KEYS, FORMAT_VERSION
+    from rltok.schema import ADDED_KEYS, FORMAT_VERSION
 
     assert FORMAT_VERSION > fmt
     run = tmp_path / f"v{fmt}"

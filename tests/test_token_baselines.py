@@ -10,10 +10,11 @@ import torch
 
 from conftest import shared_file
 from rltok import bpe as bpe_lib
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.boundaries.bpe import _BYTE_SYMBOL, BoundaryCache, bpe_boundaries_for_ids, encode_many
 from rltok.boundaries.bpe_lm import TokenLM, bpe_lm_score, to_tokens
-from rltok.config import BOS, build_config
+from rltok.schema import BOS
+from rltok.config import build_config
 from rltok.data.corpus import Corpus
 from rltok.data.loader import document_batches
 from rltok.evaluate import evaluate_corpus

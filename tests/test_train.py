@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from rltok.boundaries import get_method
+from rltok.methods import get_method
 from rltok.config import build_config
 from rltok.data.loader import SequenceDataset
 from rltok.objectives import training_loss

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from rltok.boundaries import get_method
-from rltok.config import BOS, PAD, build_config
+from rltok.methods import get_method
+from rltok.schema import BOS, PAD
+from rltok.config import build_config
 from rltok.errors import RltokError
 from rltok.generate import generate, prefill, step
 from rltok.model.chunking import chunk_indices

@@ -1,28 +1,12 @@
-"""Boundary methods. Each module registers one method with :func:`register`.
+"""Boundary methods, one module each; each registers its method (``base.register``).
 
 Adding a method: write a small module with a config dataclass (subclass of BoundaryConfig) and a
-BoundaryModule subclass, call ``register(MethodSpec(...))`` and list the module below.
+BoundaryModule subclass, call ``register(MethodSpec(...))``, and import the module in
+``rltok/methods.py`` (the registry, which looks methods up).
 """
 
 from __future__ import annotations
 
-import importlib
+from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register
 
-from .base import (BoundaryModule, BoundaryOutput, LossContext, MethodSpec, get_method,
-                   method_names, register)
-
-_MODULES = ("policy", "fixed", "nawrot", "hnet", "bpe", "bytes_lm", "bpe_lm")
-_loaded = False
-
-
-def _load_all() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for name in _MODULES:
-        importlib.import_module(f"{__name__}.{name}")
-
-
-__all__ = ["BoundaryModule", "BoundaryOutput", "LossContext", "MethodSpec", "get_method",
-           "method_names", "register"]
+__all__ = ["BoundaryModule", "BoundaryOutput", "LossContext", "MethodSpec", "register"]

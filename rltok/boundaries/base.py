@@ -1,4 +1,4 @@
-"""The one interface every boundary method implements, and the method registry.
+"""The one interface every boundary method implements, and what a method registers.
 
 A boundary method is a small ``nn.Module`` that, given the encoder output ``h`` (and the input
 bytes, for rule-based methods), returns a :class:`BoundaryOutput`. It may override how bytes are
@@ -22,8 +22,7 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..config import BoundaryConfig, ModelConfig, RunConfig
-from ..errors import RltokError
+from ..schema import BoundaryConfig, ModelConfig, RunConfig
 from ..model.chunking import Chunks, gather_up, select
 
 
@@ -156,6 +155,12 @@ class BoundaryModule(nn.Module):
         """u_t = h_t + zhat of the most recent chunk (``pending``, (n, d)), as ``upsample``."""
         return h + pending
 
+    def merge_pending(self, pending: Tensor, zhat: Tensor, prob: Tensor | None) -> Tensor:
+        """The pending chunk output once a chunk closes, from the previous one (n, d), the new
+        chunk's output ``zhat`` (n, d) and its boundary probability (n,): ``zhat`` (H-Net
+        smooths it with an EMA over chunks)."""
+        return zhat
+
     def decode_pending(self, zhat: Tensor, out: BoundaryOutput, chunks: Chunks, last: Tensor) -> Tensor:
         """The pending chunk output after a prefill: zhat of the chunk that byte ``last[r]``
         (B,) receives, i.e. zhat[c_up(last)]."""
@@ -253,35 +258,10 @@ _METHODS: dict[str, MethodSpec] = {}
 
 
 def register(spec: MethodSpec) -> MethodSpec:
+    """Add a method to the registry (``rltok.methods`` looks methods up, after importing every
+    method module)."""
     _METHODS[spec.name] = spec
     return spec
-
-
-def get_method(name: str) -> MethodSpec:
-    from . import _load_all
-
-    _load_all()
-    if name not in _METHODS:
-        raise RltokError(f"unknown method {name!r}; choose one of: {', '.join(sorted(_METHODS))}")
-    return _METHODS[name]
-
-
-def method_names() -> list[str]:
-    from . import _load_all
-
-    _load_all()
-    return list(_METHODS)
-
-
-def unet_builder(module_cls: type[BoundaryModule]) -> Callable[[RunConfig, Path | None], nn.Module]:
-    """The usual ``build``: a ByteUNet around a boundary module of this class."""
-
-    def build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
-        from ..model.unet import ByteUNet
-
-        return ByteUNet(cfg.model, module_cls(cfg.model, cfg.boundary))
-
-    return build
 
 
 def bernoulli_log_prob(b: Tensor, logits: Tensor) -> Tensor:

@@ -28,10 +28,11 @@ import torch
 from torch import Tensor
 
 from .. import bpe as bpe_lib
-from ..config import BOS, BoundaryConfig, RunConfig
+from ..schema import BOS, BoundaryConfig, RunConfig
 from ..errors import RltokError
 from ..model.chunking import decided_mask, force_ends
 from .base import BoundaryModule, BoundaryOutput, MethodSpec, register
+from ..model.unet import ByteUNet
 
 TOKENIZER = "tokenizer.json"
 TOKENIZER_INFO = "tokenizer.info.json"
@@ -245,8 +246,6 @@ class BpeBoundaries(BoundaryModule):
 
 
 def _build(cfg: RunConfig, run_dir: Path | None = None):
-    from ..model.unet import ByteUNet
-
     return ByteUNet(cfg.model, BpeBoundaries(cfg.model, cfg.boundary, load_run_tokenizer(cfg, run_dir)))
 
 

@@ -37,11 +37,13 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..config import BOS, PAD, RunConfig
+from ..schema import BOS, PAD, RunConfig
 from ..errors import RltokError
 from ..model.flat import FlatLM
 from .base import MethodSpec, register
 from .bpe import BpeConfig, encode_many, load_run_tokenizer, prepare_tokenizer
+from ..flops import ATTN_FLOPS_PER_KEY_DIM, flat_flops, mean_causal_keys, reference_unet_flops, solve_hidden
+from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_position_ce, register_family
 
 _PLACEHOLDER_VOCAB = 512  # vocabulary of an untrained model built without a tokenizer
 
@@ -78,7 +80,6 @@ class TokenLM(FlatLM):
 
 def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int]:
     """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
-    from ..flops import ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, solve_hidden
 
     bc, d, S = cfg.boundary, cfg.model.d_model, cfg.model.seq_len
     target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
@@ -106,8 +107,6 @@ def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
 
 
 def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
-    from ..flops import flat_flops, reference_unet_flops
-
     info = prepare_tokenizer(cfg, train_corpus, run_dir, "bpe-lm")
     bc = cfg.boundary
     bc.token_rate = float(info["rate"])
@@ -200,14 +199,10 @@ def to_tokens(model: TokenLM, ids: Tensor, targets: Tensor) -> TokenBatch:
 
 
 def _token_nll(model: TokenLM, fwd, tb: TokenBatch) -> Tensor:
-    from ..objectives import per_position_ce
-
     return per_position_ce(fwd(tb.inputs), tb.targets)
 
 
 def bpe_lm_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
-    from ..objectives import LN2, StepLoss, boundary_counts
-
     tb = to_tokens(model, batch.ids, batch.targets)
     ce = _token_nll(model, forward or model, tb)
     has = tb.targets >= 0
@@ -223,8 +218,6 @@ def bpe_lm_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=Non
 
 @torch.no_grad()
 def bpe_lm_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
-    from ..objectives import ScoreOutput
-
     tb = to_tokens(model, batch.ids, batch.targets)
     ce = _token_nll(model, model, tb)
     has = tb.targets >= 0
@@ -235,8 +228,6 @@ def bpe_lm_score(model, batch, noise: Tensor | None = None, mode: str = "sample"
 
 
 def _register() -> None:
-    from ..objectives import register_family
-
     register_family("bpe-lm", bpe_lm_training_loss, bpe_lm_score)
 
 

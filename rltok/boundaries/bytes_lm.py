@@ -17,10 +17,12 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..config import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
+from ..schema import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
 from ..errors import RltokError
 from ..model.flat import FlatLM, flat_params
 from .base import MethodSpec, register
+from ..flops import ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, reference_unet_params, solve_hidden
+from ..objectives import LN2, ScoreOutput, StepLoss, per_position_ce, register_family
 
 
 @dataclass
@@ -49,8 +51,6 @@ class ByteLM(FlatLM):
 def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:
     """(layers, MLP width) so the flat model has the reference U-Net's training FLOPs per byte
     (``match=flops``) or parameter count (``match=params``)."""
-    from ..flops import (ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, reference_unet_params,
-                         solve_hidden)
 
     bc, d = cfg.boundary, cfg.model.d_model
     if bc.match == "flops":
@@ -84,8 +84,6 @@ def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
 
 
 def bytes_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
-    from ..objectives import LN2, StepLoss, per_position_ce
-
     logits = (forward or model)(batch.ids)
     ce = per_position_ce(logits, batch.targets)
     n = (batch.targets >= 0).sum().clamp(min=1)
@@ -95,14 +93,10 @@ def bytes_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None
 
 @torch.no_grad()
 def bytes_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
-    from ..objectives import ScoreOutput, per_position_ce
-
     return ScoreOutput(nll=per_position_ce(model(batch.ids), batch.targets))
 
 
 def _register() -> None:
-    from ..objectives import register_family
-
     register_family("bytes", bytes_training_loss, bytes_score)
 
 

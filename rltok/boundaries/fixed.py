@@ -25,9 +25,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..config import BoundaryConfig
+from ..schema import BoundaryConfig
 from ..model.chunking import decided_mask, force_ends, forced_mask
-from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register, unet_builder
+from ..model.unet import unet_builder
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register
+from ..errors import RltokError
+from ..objectives import whitespace_mask
+from ..schema import BOS
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
@@ -113,12 +117,26 @@ class StrideConfig(BoundaryConfig):
     pass
 
 
+def _rule_step(b: Tensor, pos: Tensor, fixed: Tensor | None, state=None) -> BoundaryStep:
+    """A deterministic rule's decoding step: b, or the imposed decisions; position 0 forced."""
+    if fixed is not None:
+        b = fixed.bool()
+    b = b | (pos == 0)
+    return BoundaryStep(b=b, prob=b.float(), state=state)
+
+
 class StrideBoundaries(BoundaryModule):
     name = "stride"
 
     def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
         return _rule_output(stride_boundaries(tuple(ids.shape), self.cfg.target_rate, ids.device),
                             valid, fixed)
+
+    def step(self, h, ids, state, *, pos, noise=None, fixed=None, mode="sample") -> BoundaryStep:
+        # stride_boundaries' rule at position t (its t - 1 term at t = 0 is the forced BOS)
+        t = pos.double()
+        r, eps = self.cfg.target_rate, 1e-9
+        return _rule_step(torch.floor(t * r + eps) > torch.floor((t - 1) * r + eps), pos, fixed)
 
 
 def spacelike(ids: Tensor) -> Tensor:
@@ -136,8 +154,6 @@ def whitespace_boundaries(ids: Tensor, rule: str = "spacebyte") -> Tensor:
     """``spacebyte``: b[t] = 1 iff byte t is spacelike and byte t-1 is not (SpaceByte's
     ``use_global``), so a run like ", " gives one boundary, at its first byte; BOS is always a
     boundary. ``ascii``: b[t] = 1 at every ASCII whitespace byte (and BOS)."""
-    from ..config import BOS
-    from ..objectives import whitespace_mask
 
     if rule == "ascii":
         b = whitespace_mask(ids)
@@ -155,8 +171,6 @@ class WhitespaceConfig(BoundaryConfig):
     def validate(self) -> None:
         super().validate()
         if self.rule not in ("spacebyte", "ascii"):
-            from ..errors import RltokError
-
             raise RltokError(f"boundary.rule={self.rule!r} must be spacebyte or ascii")
 
 
@@ -165,6 +179,14 @@ class WhitespaceBoundaries(BoundaryModule):
 
     def forward(self, h, ids, *, valid, noise=None, fixed=None, mode="sample") -> BoundaryOutput:
         return _rule_output(whitespace_boundaries(ids, self.cfg.rule), valid, fixed)
+
+    def step(self, h, ids, state, *, pos, noise=None, fixed=None, mode="sample") -> BoundaryStep:
+        """State: whether the previous byte was spacelike (the spacebyte rule looks one back)."""
+        if self.cfg.rule == "ascii":
+            return _rule_step(whitespace_mask(ids) | (ids == BOS), pos, fixed)
+        sp = spacelike(ids)
+        prev = torch.zeros_like(sp) if state is None else state
+        return _rule_step((sp & ~prev) | (ids == BOS), pos, fixed, state=sp)
 
 
 register(MethodSpec(

@@ -42,10 +42,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import estimator as est
-from ..config import BoundaryConfig, ModelConfig
+from ..schema import BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from ..model.chunking import Chunks, decided_mask, force_ends, gather_up
-from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register, unet_builder
+from ..model.unet import unet_builder
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
 
 P_MIN = 1e-4
 
@@ -162,6 +163,29 @@ class HNetBoundaries(BoundaryModule):
         conf = torch.where(out.b, out.probs, 1 - out.probs)
         ste = 1.0 + (conf - conf.detach())  # forward 1, gradient identity
         return h + (gather_up(zbar, chunks) * ste[..., None]).to(h.dtype)
+
+    # -- decoding: routing needs q of the previous byte; dechunking the EMA of the chunk outputs --
+    def step(self, h: Tensor, ids: Tensor, state: Tensor | None, *, pos: Tensor, noise: Tensor | None = None,
+             fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
+        """State: q_{t-1} / |q_{t-1}| (n, d), the routing's query of the previous byte."""
+        q = F.normalize(self.q_proj(h).float(), dim=-1)
+        k = F.normalize(self.k_proj(h).float(), dim=-1)
+        p = torch.ones(h.shape[0], device=h.device) if state is None else torch.clamp((1 - (state * k).sum(-1)) / 2, 0.0, 1.0)
+        p = torch.where(pos == 0, torch.ones_like(p), p)
+        b = fixed.bool() if fixed is not None else p >= self._threshold()
+        return BoundaryStep(b=b | (pos == 0), prob=p, state=q)
+
+    def merge_pending(self, pending: Tensor, zhat: Tensor, prob: Tensor | None) -> Tensor:
+        P = prob.clamp(P_MIN, 1 - P_MIN)[:, None].to(zhat.dtype)  # zbar_c = P_c zhat_c + (1 - P_c) zbar_{c-1}
+        return P * zhat + (1 - P) * pending
+
+    def upsample_step(self, h: Tensor, pending: Tensor, step: BoundaryStep) -> Tensor:
+        return h + pending.to(h.dtype)  # the straight-through confidence is 1 in the forward pass
+
+    def decode_pending(self, zhat: Tensor, out: BoundaryOutput, chunks: Chunks, last: Tensor) -> Tensor:
+        P = out.probs.gather(1, chunks.positions).clamp(P_MIN, 1 - P_MIN)
+        P = torch.where(chunks.valid, P, torch.full_like(P, 0.5))
+        return super().decode_pending(ema_scan(zhat, P, self.cfg.scan_block), out, chunks, last)
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         out = ctx.out

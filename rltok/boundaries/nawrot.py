@@ -29,10 +29,11 @@ import torch
 from torch import Tensor, nn
 
 from .. import estimator as est
-from ..config import BoundaryConfig, ModelConfig
+from ..schema import BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from ..model.chunking import Chunks, forced_mask, mean_pool
-from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register, unet_builder
+from ..model.unet import unet_builder
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
 
 _EPS = 1e-6  # keeps the logistic noise finite for u in {0, 1}
 
@@ -80,6 +81,16 @@ def binomial_nll(k: Tensor, n: Tensor, p: float) -> Tensor:
     return -log_pmf
 
 
+@dataclass
+class PoolState:
+    """Decoding state of mean pooling: the sum and count of the open chunk's bytes (zero after a
+    boundary), and the mean of the chunk that the last byte closed (or would close)."""
+
+    total: Tensor  # (n, d)
+    count: Tensor  # (n,)
+    pooled: Tensor  # (n, d)
+
+
 class NawrotBoundaries(BoundaryModule):
     name = "nawrot"
     learned = True
@@ -117,6 +128,28 @@ class NawrotBoundaries(BoundaryModule):
 
     def downsample(self, h: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
         return mean_pool(h, chunks, straight_through_pool_weights(out.hard))
+
+    # -- decoding: the same draw for one byte; mean pooling keeps the open chunk's sum ----------
+    def step(self, h: Tensor, ids: Tensor, state: "PoolState | None", *, pos: Tensor, noise: Tensor | None = None,
+             fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
+        cfg = self.cfg
+        logit = self.predictor(h).squeeze(-1).float()
+        if mode == "greedy":
+            relaxed = logit / cfg.temperature
+        else:
+            u = noise if noise is not None else torch.rand(h.shape[0], device=h.device)
+            relaxed = (logit + logistic_noise(u)) / cfg.temperature
+        b = fixed.bool() if fixed is not None else torch.sigmoid(relaxed) > cfg.threshold
+        b = b | (pos == 0)
+        total = h if state is None else state.total + h.to(state.total.dtype)
+        count = torch.ones_like(pos, dtype=total.dtype) if state is None else state.count + 1
+        pooled = total / count[:, None]
+        keep = (~b)[:, None].to(total.dtype)
+        return BoundaryStep(b=b, prob=torch.sigmoid(logit),
+                            state=PoolState(total=total * keep, count=count * keep[:, 0], pooled=pooled))
+
+    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
+        return step.state.pooled.to(h.dtype)
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         cfg, out = self.cfg, ctx.out

@@ -22,12 +22,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from ..config import BOS, BoundaryConfig, ModelConfig
+from ..schema import BOS, BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends, mean_pool
+from ..model.unet import unet_builder
 from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
-                   bernoulli_entropy, bernoulli_log_prob, register, unet_builder)
+                   bernoulli_entropy, bernoulli_log_prob, register)
+from ..flops import unet_flops
+from ..model.stage import ChunkStage
+from ..model.unet import ByteUNet
+from ..objectives import whitespace_mask
+from ..rates import parse_schedule
 
 
 @dataclass
@@ -74,10 +80,13 @@ class PolicyConfig(BoundaryConfig):
     # model.stages=2: the inner router's r*, boundaries per outer chunk (0.5: about two outer
     # chunks, i.e. two words at r* = 0.2, per inner chunk)
     inner_target_rate: float = 0.5
+    # > 0: rltok's integral rate controller (not the paper's): after every training micro-batch the
+    # logit offset c moves by -gain * (F - r*), F the achieved boundary fraction (as H-Net's
+    # rate_control=threshold); holds the training rate at r* where the penalty alone drifts
+    rate_integral_gain: float = 0.0
 
     def validate(self) -> None:
         super().validate()
-        from ..rates import parse_schedule
 
         parse_schedule(self.rate_schedule, self.target_rate)
         if self.pool not in ("last", "mean"):
@@ -118,6 +127,8 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError(f"boundary.init_scale={self.init_scale} must be >= 0")
         if self.return_block < 1:
             raise RltokError("boundary.return_block must be >= 1")
+        if not 0.0 <= self.rate_integral_gain < 100:
+            raise RltokError(f"boundary.rate_integral_gain={self.rate_integral_gain} must be in [0, 100)")
         if not 0.0 < self.inner_target_rate < 1.0:
             raise RltokError(f"boundary.inner_target_rate={self.inner_target_rate} must be in (0, 1)")
 
@@ -158,7 +169,6 @@ class BoundaryPolicy(BoundaryModule):
             with torch.no_grad():
                 self.proj.weight.mul_(cfg.init_scale)
                 self.proj.bias.mul_(cfg.init_scale)
-        from ..rates import parse_schedule
 
         self.rate_schedule = parse_schedule(cfg.rate_schedule, cfg.target_rate)
         self.requested: float | None = None  # set by rates.requested_rate; None = target_rate
@@ -170,6 +180,9 @@ class BoundaryPolicy(BoundaryModule):
             self.rate_embed = nn.Linear(2, model_cfg.d_model)
             nn.init.zeros_(self.rate_embed.weight)
             nn.init.zeros_(self.rate_embed.bias)
+        if cfg.rate_integral_gain > 0:
+            # the integral controller's logit offset: a buffer, so saved, restored and fixed at evaluation
+            self.register_buffer("rate_offset", torch.zeros(()))
 
     @property
     def rate(self) -> float:
@@ -177,9 +190,16 @@ class BoundaryPolicy(BoundaryModule):
         return self.cfg.target_rate if self.requested is None else self.requested
 
     @property
-    def bias0(self) -> float:
+    def prior_logit(self) -> float:
         r = self.rate
         return math.log(r / (1 - r))
+
+    @property
+    def bias0(self) -> float:
+        """The logit every byte starts from: logit(rate), plus the integral controller's offset."""
+        if self.cfg.rate_integral_gain > 0:
+            return self.prior_logit + float(self.rate_offset)
+        return self.prior_logit
 
     def _rate_vector(self, like: Tensor) -> Tensor | None:
         """E(r) (d,), or None for an unconditioned policy. Features: logit(r) relative to the
@@ -187,7 +207,7 @@ class BoundaryPolicy(BoundaryModule):
         if not self.rate_schedule.conditioned:
             return None
         t = self.cfg.target_rate
-        f = torch.tensor([self.bias0 - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
+        f = torch.tensor([self.prior_logit - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
         return self.rate_embed(f).to(like.dtype)
 
     def _given(self, ids: Tensor) -> Tensor | None:
@@ -197,8 +217,6 @@ class BoundaryPolicy(BoundaryModule):
         if p == "newline":
             return ids == 10
         if p == "whitespace":
-            from ..objectives import whitespace_mask
-
             return whitespace_mask(ids)
         return None
 
@@ -405,6 +423,12 @@ class BoundaryPolicy(BoundaryModule):
         }
         if self.rate_schedule.varies:
             stats["requested_rate"] = out.probs.new_tensor(self.rate)
+        if cfg.rate_integral_gain > 0 and self.training:
+            with torch.no_grad():
+                v = ctx.valid.float()
+                achieved = ctx.reduce_mean((out.hard.detach().float() * v).sum() / v.sum().clamp(min=1))
+                self.rate_offset.sub_(cfg.rate_integral_gain * (achieved - self.rate)).clamp_(-20.0, 20.0)
+            stats["rate_offset"] = self.rate_offset.detach().clone()
         if rho is not None:
             stats["importance_ratio"] = (rho * dm).sum() / n_dec
         loss = cfg.pg_weight * pg + cfg.rate_weight * rate
@@ -433,8 +457,6 @@ def build_policy_unet(cfg, run_dir=None):
         return _two_stage_unet(cfg)
     model = unet_builder(BoundaryPolicy)(cfg, run_dir)
     if cfg.boundary.flop_price > 0:
-        from ..flops import unet_flops
-
         # exact: FLOPs/byte is quadratic in the rate (main-network attention over r S chunks)
         f0, f1, f2 = (unet_flops(model, cfg, r).per_byte for r in (0.0, 0.5, 1.0))
         c = 2 * (f2 - 2 * f1 + f0)
@@ -445,8 +467,6 @@ def build_policy_unet(cfg, run_dir=None):
 def _two_stage_unet(cfg):
     import dataclasses
 
-    from ..model.stage import ChunkStage
-    from ..model.unet import ByteUNet
 
     bc = cfg.boundary
     unsupported = {"flop_price": 0.0, "prescribed": "", "warm_start_bytes": 0, "rate_schedule": "", "pool": "last",

@@ -8,7 +8,7 @@ from . import HelpFormatter, nonneg_int, positive_float, positive_int
 
 
 def register(sub) -> None:
-    from ..config import PRESETS
+    from ..presets import PRESETS
 
     p = sub.add_parser(
         "bench", help="training throughput: bytes/s, model FLOP/s, MFU, peak memory",
@@ -43,7 +43,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from ..bench import format_table, run_interleaved
-    from ..config import _split_kv
+    from ..schema import _split_kv
 
     methods = [m for spec in (args.method or ["rl"]) for m in spec.split(",") if m]
     over: dict = dict(_split_kv(s) for s in args.overrides)

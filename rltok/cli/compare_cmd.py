@@ -8,7 +8,7 @@ from . import HelpFormatter, parse_size, positive_int
 
 
 def register(sub) -> None:
-    from ..config import PRESETS
+    from ..presets import PRESETS
 
     p = sub.add_parser(
         "compare", help="train and evaluate several boundary methods in one compute-matched harness",

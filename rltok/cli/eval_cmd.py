@@ -54,7 +54,7 @@ def run(args) -> int:
     from ..data import load_splits
     from ..data.corpus import Corpus
     from ..evaluate import evaluate_corpus
-    from ..config import RATE_TARGETED, off_target
+    from ..schema import RATE_TARGETED, off_target
     from ..errors import RltokError
     from ..run import describe_weights, load_model
 

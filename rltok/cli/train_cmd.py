@@ -9,7 +9,7 @@ from . import HelpFormatter, add_threads_arg, apply_threads, parse_size, positiv
 
 
 def register(sub) -> None:
-    from ..config import PRESETS, RECIPES
+    from ..presets import PRESETS, RECIPES
 
     p = sub.add_parser(
         "train", help="train a model (one process, or under torchrun)",
@@ -66,8 +66,9 @@ def _english_or_stdlib(cfg) -> None:
 
 def run(args) -> int:
     apply_threads(args)
-    from ..boundaries import get_method, method_names
-    from ..config import build_config, config_keys
+    from ..methods import get_method, method_names
+    from ..config import build_config
+    from ..schema import config_keys
 
     if args.list_methods:
         for name in method_names():
@@ -94,7 +95,7 @@ def run(args) -> int:
     if args.compile:
         overrides["train.compile"] = True
     cfg = build_config(args.method, args.preset, args.recipe, overrides)
-    from ..config import apply_overrides
+    from ..schema import apply_overrides
 
     apply_overrides(cfg, args.overrides).validate()
     if args.list_keys:
@@ -114,7 +115,7 @@ def run(args) -> int:
 
     info = init_distributed(cfg.train.device)
     if info.is_main and result.summary:
-        from ..config import off_target
+        from ..schema import off_target
 
         s = result.summary
         rate, target = s.get("val_rate", float("nan")), cfg.boundary.target_rate

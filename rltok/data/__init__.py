@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import RunConfig
+from ..schema import RunConfig
 from .corpus import Corpus, Splits, split_corpus
 from .sources import load_corpus
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..errors import RltokError
 from .debs import ar_members as _ar_members, cache_dir, fetch_once, read_docs, write_docs  # noqa: F401  (cache_dir: used by rltok.tasks)
+from . import multilingual
 
 BUILTINS = ("stdlib", "english", "multilingual", "multilingual-heldout")
 
@@ -146,7 +147,5 @@ def load_builtin(name: str) -> list[bytes]:
     if name == "english":
         return english_docs()
     if name in ("multilingual", "multilingual-heldout"):
-        from . import multilingual
-
         return multilingual.docs(name)
     raise RltokError(f"unknown built-in corpus {name!r} ({', '.join(BUILTINS)})")

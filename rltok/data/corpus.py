@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..config import DataConfig
+from ..schema import DataConfig
 from ..errors import RltokError
 
 

@@ -19,9 +19,10 @@ from collections import Counter
 
 import numpy as np
 
-from ..config import DataConfig
+from ..schema import DataConfig
 from ..errors import RltokError
 from .corpus import Corpus
+from . import multilingual
 
 # writing system of the languages in the built-in multilingual corpora (ISO 15924)
 SCRIPTS = {"ja": "Jpan", "zh-cn": "Hans", "zh-tw": "Hant", "ru": "Cyrl", "uk": "Cyrl", "mk": "Cyrl",
@@ -38,7 +39,6 @@ def _digest(d: bytes) -> bytes:
 
 def source_languages(source: str, cfg: DataConfig) -> dict[bytes, str]:
     """sha256 of each document (each piece, as ``normalize_docs`` cuts them) -> its language."""
-    from . import multilingual
 
     if source not in multilingual.NAMES:
         raise RltokError(f"data.language_temperature needs a data source whose documents carry a language "

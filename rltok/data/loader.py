@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import BOS, PAD
+from ..schema import BOS, PAD
 from .corpus import Corpus  # or a PreparedCorpus: the same doc/starts/lengths interface
 
 

@@ -40,6 +40,9 @@ from ..signals import StopRequest
 from ..errors import RltokError
 from .corpus import auto_val_docs
 from .prepared import FORMAT, MANIFEST, SPLITS, read_manifest
+from .. import __version__
+from .builtin import BUILTINS, load_builtin
+from .sources import expand_paths, read_file
 
 PROGRESS = ".progress"
 STATE = "state.json"
@@ -201,8 +204,6 @@ def iter_hub(spec: str, field: str, split: str = "train", data_files: str = "",
 
 def local_files(spec: str) -> list[Path] | None:
     """The files of a local source, or None for a built-in corpus."""
-    from .builtin import BUILTINS
-    from .sources import expand_paths
 
     if spec in BUILTINS:
         return None
@@ -212,8 +213,6 @@ def local_files(spec: str) -> list[Path] | None:
 def iter_local(spec: str, field: str, skip: int = 0) -> Iterator[tuple[int, bytes]]:
     """(document number, bytes) over all files in order, starting after ``skip`` documents.
     Whole files before the resume point are skipped by their recorded document counts."""
-    from .builtin import load_builtin
-    from .sources import read_file
 
     files = local_files(spec)
     if files is None:
@@ -513,7 +512,6 @@ def _finalize(out: Path, opts: PrepareOptions, state: dict[str, Any], source_inf
     files = {s["path"]: {"size": s["size"], "sha256": s["sha256"]} for s in shards}
     for name in arrays:
         files[name] = {"size": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
-    from .. import __version__
 
     manifest = {
         "format": FORMAT,

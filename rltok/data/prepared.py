@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import RltokError
 from .corpus import Splits
+from ..checkpoint import sha256_file
 
 FORMAT = "rltok-prepared-v1"
 MANIFEST = "manifest.json"
@@ -225,7 +226,6 @@ def open_prepared(path: str | Path) -> Splits:
 
 def verify_prepared(path: str | Path, progress: bool = False) -> dict[str, Any]:
     """Check every file against the manifest (size and sha256). Returns the manifest."""
-    from ..checkpoint import sha256_file
 
     d = Path(path).expanduser()
     manifest = read_manifest(d)

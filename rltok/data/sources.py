@@ -25,9 +25,11 @@ import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..config import DataConfig
+from ..schema import DataConfig
 from ..errors import RltokError
 from .corpus import Corpus, normalize_docs
+from .builtin import BUILTINS, load_builtin
+from .prepared import open_all
 
 TEXT_EXTS = (".txt", ".md", ".rst", ".py", ".pod", ".text")
 JSONL_EXTS = (".jsonl", ".ndjson")
@@ -160,7 +162,6 @@ def expand_paths(spec: str) -> list[Path]:
         if not files:
             raise RltokError(f"data source {spec!r}: the glob matches no files")
         return files
-    from .builtin import BUILTINS
 
     raise RltokError(f"data source {spec!r}: no such file or directory, and not a built-in corpus "
                      f"({', '.join(BUILTINS)})")
@@ -169,7 +170,6 @@ def expand_paths(spec: str) -> list[Path]:
 def read_documents(spec: str, cfg: DataConfig | None = None) -> list[bytes]:
     """All documents of a source (before the split), long ones cut, short ones dropped."""
     cfg = cfg or DataConfig()
-    from .builtin import BUILTINS, load_builtin
 
     if spec.startswith("hf:"):
         raise RltokError(f"data source {spec!r}: hub datasets are streamed by `rltok data prepare "
@@ -188,7 +188,5 @@ def read_documents(spec: str, cfg: DataConfig | None = None) -> list[bytes]:
 def load_corpus(spec: str, cfg: DataConfig | None = None) -> Corpus:
     """All documents of a source; for a prepared directory, a memory-mapped view of all of them."""
     if (Path(spec).expanduser() / "manifest.json").is_file():
-        from .prepared import open_all
-
         return open_all(spec)  # type: ignore[return-value]  # same reading interface
     return Corpus.from_docs(read_documents(spec, cfg), name=spec)

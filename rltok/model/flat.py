@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..hub import HubMixin
+from .hub_mixin import HubMixin
 from .layers import Block, RMSNorm, rope_angles
 
 

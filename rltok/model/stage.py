@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from ..boundaries.base import BoundaryModule, BoundaryOutput, assign_rows, select_rows
-from ..config import ModelConfig
+from ..schema import ModelConfig
 from .chunking import Chunks, chunk_indices
 from .layers import Block, KVCache, rope_angles
 
@@ -145,8 +145,9 @@ class ChunkStage(nn.Module):
             x = z2
             for blk, c in zip(self.main, state.main):
                 x = blk.step(x, c2, s2, c, p2, r2)
-            x = self.boundary.chunk_output(x, z2)
-            state.pending = state.pending.index_copy(0, r2, x[:, 0].to(state.pending.dtype))
+            x = self.boundary.chunk_output(x, z2)[:, 0].to(state.pending.dtype)
+            prob = None if bs.prob is None else bs.prob[closing]
+            state.pending = state.pending.index_copy(0, r2, self.boundary.merge_pending(state.pending[r2], x, prob))
         u = self.boundary.upsample_step(y[:, 0], state.pending[rows], bs)[:, None]
         for blk, c in zip(self.decoder, state.decoder):
             u = blk.step(u, cos, sin, c, pos, rows)

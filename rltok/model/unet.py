@@ -13,19 +13,21 @@ whose output predicts byte p_c + 1, so no shift is needed (spec 1.5).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ..boundaries.base import BoundaryModule, BoundaryOutput
-from ..config import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig
-from ..hub import HubMixin
+from ..schema import N_INPUT_IDS, N_OUTPUT_IDS, PAD, ModelConfig, RunConfig
+from .hub_mixin import HubMixin
 from ..errors import RltokError
 from .chunking import Chunks, chunk_indices
 from .inference import DecodeStep, InferenceState, PrefillOutput, _fit, _pad_rows, _with_end_column
 from .layers import Block, KVCache, PackedRows, RMSNorm, rope_angles
 from .stage import ChunkStage, StageOutput, inner_noise, inner_noise_step
+from ..generate import generate
 
 
 @dataclass
@@ -224,8 +226,9 @@ class ByteUNet(nn.Module, HubMixin):
                                         None if bs.prob is None else bs.prob[rows], (pos == 0)[rows], mode,
                                         fixed=fixed is not None)
                 z, _ = self.inner.step(z, zpos, state.inner, rows, noise=u_in, mode=mode)
-            z = self.boundary.chunk_output(z, zin)
-            state.pending = state.pending.index_copy(0, rows, z[:, 0].to(state.pending.dtype))
+            z = self.boundary.chunk_output(z, zin)[:, 0].to(state.pending.dtype)
+            prob = None if bs.prob is None else bs.prob[rows]
+            state.pending = state.pending.index_copy(0, rows, self.boundary.merge_pending(state.pending[rows], z, prob))
         u = self.boundary.upsample_step(h, state.pending, bs)[:, None]
         for blk, c in zip(self.decoder, state.decoder):
             u = blk.step(u, cos, sin, c, pos)
@@ -237,7 +240,6 @@ class ByteUNet(nn.Module, HubMixin):
     def generate(self, prompts, max_new_bytes: int = 256, temperature: float = 1.0, top_p: float = 1.0,
                  boundary_mode: str = "sample", **kwargs):
         """Sample continuations of ``prompts`` with KV caches; see :func:`rltok.generate.generate`."""
-        from ..generate import generate
 
         return generate(self, prompts, max_new_bytes, temperature=temperature, top_p=top_p,
                         boundary_mode=boundary_mode, **kwargs)
@@ -251,3 +253,14 @@ class ByteUNet(nn.Module, HubMixin):
         per_byte = count(list(self.encoder) + list(self.decoder) + heads + [self.boundary])
         per_chunk = count(list(self.main) if self.inner is None else [self.inner])
         return per_byte, per_chunk
+
+
+def unet_builder(module_cls: type[BoundaryModule]) -> Callable[[RunConfig, Path | None], nn.Module]:
+    """The usual ``MethodSpec.build``: a one-stage ByteUNet around a boundary module of this class."""
+
+    def build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
+        if cfg.model.stages != 1:
+            raise RltokError(f"model.stages={cfg.model.stages}: method {cfg.method!r} has one stage only")
+        return ByteUNet(cfg.model, module_cls(cfg.model, cfg.boundary))
+
+    return build

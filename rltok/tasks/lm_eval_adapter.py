@@ -37,6 +37,7 @@ except ImportError as e:  # pragma: no cover - exercised only without lm-eval
     raise ImportError("the lm-eval adapter needs lm-eval: pip install 'rltok[lm-eval]'") from e
 
 from .scoring import Request, as_bytes, model_seq_len, rolling_requests, score_requests
+from ..run import load_model
 
 
 def _bool(v) -> bool:
@@ -58,7 +59,6 @@ class RltokLM(LM):
                  checkpoint: str | None = None, greedy_boundaries=False, batch_size=16,
                  device: str | None = None, max_batch_size=None, model=None, **unused):
         super().__init__()
-        from ..run import load_model
 
         if model is None:
             if path is None:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..config import BOS, PAD
+from ..schema import BOS, PAD
 from ..data.loader import Batch
 from ..evaluate import autocast_for
 from ..objectives import score as score_batch

@@ -1,0 +1,45 @@
+"""``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` as methods of rltok's model classes,
+in the manner of ``huggingface_hub.PyTorchModelHubMixin``; the work is ``rltok.hub``'s.
+
+``rltok.hub`` sits above the models: saving needs the run layout, loading needs the methods
+registry, which imports every model. So the model classes name it at call time
+(``importlib.import_module``), the one place where a model reaches up a layer, and they import
+nothing of it when they are defined.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from ..errors import RltokError
+
+
+def _hub():
+    return importlib.import_module("rltok.hub")
+
+
+class HubMixin:
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` on rltok's model classes."""
+
+    def save_pretrained(self, save_directory: str | Path, *, push_to_hub: bool = False,
+                        repo_id: str | None = None, **push_kwargs) -> Path:
+        out = _hub().save_pretrained(self, save_directory)
+        if push_to_hub:
+            self.push_to_hub(repo_id or Path(save_directory).name, **push_kwargs)
+        return out
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str | Path, **kwargs):
+        model = _hub().from_pretrained(name_or_path, **kwargs)
+        if not isinstance(model, cls):
+            raise RltokError(f"{name_or_path}: holds a {type(model).__name__} ({model.run_config.method}), "
+                             f"not a {cls.__name__}: load it with rltok.from_pretrained")
+        return model
+
+    def push_to_hub(self, repo_id: str, **kwargs):
+        return _hub().push_to_hub(self, repo_id, **kwargs)
+
+    def model_card(self):
+        hub = _hub()
+        return hub.model_card(self, hub.final_summary(self))

@@ -1,0 +1,134 @@
+"""Issue 14's evidence: the one-stage tiny rl U-Net against the two-stage one at equal training
+FLOPs per byte, from the study's cells (tools/study.py: variants ``rl`` and ``rl-2stage``, the
+same seeds, data order, budget and evaluation sets).
+
+    python tools/study.py cell 2M rl-2stage 1     # (and seeds 2, 3; rl's cells are the study's)
+    python tools/two_stage_report.py              # results/two_stage/README.md, results.json
+
+What each level cuts at (``rltok.analysis.level_stats``) is read from the cells; for the one-stage
+runs it is measured here from their run directories (runs/study/RUNG/rl_sSEED), on the same 64
+test documents and boundary draws as the two-stage cells.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+STUDY = Path(os.environ.get("RLTOK_STUDY_RESULTS", ROOT / "results" / "study"))
+RUNS = Path(os.environ.get("RLTOK_STUDY_RUNS", ROOT / "runs" / "study"))
+OUT = ROOT / "results" / "two_stage"
+EVALS = ("test", "c4", "wikitext")
+LEVEL_KEYS = ("bytes_per_chunk", "on_whitespace", "on_punctuation", "inside_words", "words_per_chunk",
+              "word_start_recall", "clause_recall")
+
+
+def _cells(rung: str, tag: str) -> dict[int, dict]:
+    out = {}
+    for p in sorted((STUDY / "cells" / rung).glob(f"{tag}_s*.json")):
+        d = json.loads(p.read_text())
+        out[int(d["seed"])] = d
+    return out
+
+
+def _mse(xs) -> str:
+    from rltok.evaluate import standard_error
+
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return "n/a"
+    se = standard_error(xs)
+    return f"{sum(xs) / len(xs):.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}")
+
+
+def _one_stage_levels(rung: str, seed: int, docs) -> dict | None:
+    import rltok
+    from rltok.analysis import level_stats, segment_docs
+
+    run = RUNS / rung / f"rl_s{seed}"
+    if not (run / "model.safetensors").is_file():
+        return None
+    model = rltok.load(run)
+    pieces, res = segment_docs(model, docs, dtype=model.run_config.train.dtype)
+    return level_stats(pieces, [r.boundaries for r in res])
+
+
+def report(rung: str) -> dict:
+    from rltok.config import build_config
+    from rltok.data import load_splits
+
+    one, two = _cells(rung, "rl"), _cells(rung, "rl-2stage")
+    seeds = sorted(set(one) & set(two))
+    cfg = build_config("rl", "tiny", overrides={"data.source": "english", "data.test_docs": 256})
+    test = load_splits(cfg).test
+    docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
+    rows = {}
+    for name, cells in (("one stage (rl)", one), ("two stages (rl-2stage)", two)):
+        c = [cells[s] for s in seeds]
+        rows[name] = {
+            "seeds": seeds, "params": [x["params"] for x in c], "flops_per_byte": [x["flops_per_byte"] for x in c],
+            "train_rate_late": [x["train_rate_late"] for x in c],
+            "rates": [x["test"].get("rates", [x["test"]["rate"]]) for x in c],
+            "bytes_per_chunk": [x["test"].get("bytes_per_chunk") for x in c],
+            **{e: [x[e]["bpb"] for x in c] for e in EVALS},
+        }
+    deltas = {e: [two[s][e]["bpb"] - one[s][e]["bpb"] for s in seeds] for e in EVALS}
+    levels = {"two stages, outer": [], "two stages, inner": [], "one stage": []}
+    for s in seeds:
+        st = two[s].get("stage_stats") or {}
+        if "outer" in st:
+            levels["two stages, outer"].append(st["outer"])
+        if "inner" in st:
+            levels["two stages, inner"].append(st["inner"])
+        lv = _one_stage_levels(rung, s, docs)
+        if lv is not None:
+            levels["one stage"].append(lv)
+    return {"rung": rung, "seeds": seeds, "rows": rows, "delta_two_minus_one": deltas, "levels": levels}
+
+
+def render(rep: dict) -> str:
+    rows, seeds = rep["rows"], rep["seeds"]
+    lines = [f"## {rep['rung']} per run, seeds {', '.join(map(str, seeds))} (mean ± SE over seeds)", "",
+             "| model | params | train FLOPs/byte | train rate (2nd half) | eval rates (outer, inner) | "
+             "bytes / innermost chunk | test bpb | C4 bpb | WikiText bpb |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in rows.items():
+        rates = r["rates"]
+        outer = _mse([x[0] for x in rates])
+        inner = _mse([x[1] for x in rates if len(x) > 1]) if any(len(x) > 1 for x in rates) else "–"
+        lines.append(f"| {name} | {r['params'][0]:,} | {sum(r['flops_per_byte']) / len(seeds) / 1e6:.2f}M | "
+                     f"{_mse(r['train_rate_late'])} | {outer}, {inner} | {_mse(r['bytes_per_chunk'])} | "
+                     f"{_mse(r['test'])} | {_mse(r['c4'])} | {_mse(r['wikitext'])} |")
+    d = rep["delta_two_minus_one"]
+    lines += ["", "Two stages − one stage, paired by seed (same data order and evaluation draws): "
+              + ", ".join(f"{e} {_mse(d[e])}" for e in EVALS)
+              + " (per seed: " + "; ".join(f"{e} " + ", ".join(f"{x:+.3f}" for x in d[e]) for e in EVALS) + ").",
+              "", "What each level cuts at (64 test documents; mean ± SE over seeds):", "",
+              "| level | " + " | ".join(k.replace("_", " ") for k in LEVEL_KEYS) + " |",
+              "|---|" + "---|" * len(LEVEL_KEYS)]
+    for name, lv in rep["levels"].items():
+        if lv:
+            lines.append(f"| {name} | " + " | ".join(_mse([x[k] for x in lv]) for k in LEVEL_KEYS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rungs", default="2M")
+    args = ap.parse_args(argv)
+    reps = [report(r) for r in args.rungs.split(",")]
+    reps = [r for r in reps if r["seeds"]]
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "results.json").write_text(json.dumps(reps, indent=1) + "\n")
+    (OUT / "tables.md").write_text("\n".join(render(r) for r in reps))
+    print((OUT / "tables.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
