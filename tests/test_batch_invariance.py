@@ -51,7 +51,19 @@ def models(tmp_path_factory):
                 model.boundary.proj.weight.mul_(20.0)
         model.run_config = cfg  # as rltok.load sets it
         built[name] = model.eval()
+    # the two-stage U-Net: both levels' draws must not depend on the batch either
+    cfg = build_config("rl", "smoke", overrides={"model.seq_len": SEQ, "model.window": 8, "model.stages": 2})
+    torch.manual_seed(0)
+    model = get_method("rl").build(cfg, None)
+    with torch.no_grad():
+        model.boundary.proj.weight.mul_(20.0)
+        model.inner.boundary.proj.weight.mul_(20.0)
+    model.run_config = cfg
+    built["rl-2stage"] = model.eval()
     return built
+
+
+METHODS = method_names() + ["rl-2stage"]
 
 
 def _eval(model, batch_size, dtype):
@@ -64,6 +76,8 @@ def _eval(model, batch_size, dtype):
         for r, i in enumerate(idx):
             L = int((batch.targets[r] >= 0).sum())
             got[int(i)] = out.boundaries[r, :L].cpu().numpy().copy()
+            if out.inner_boundaries is not None:  # inner chunk ends marked 2
+                got[int(i)] = got[int(i)] + out.inner_boundaries[r, :L].cpu().numpy()
 
     res = evaluate_corpus(model, corpus, SEQ, batch_size=batch_size, seed=3, dtype=dtype, on_batch=keep)
     return np.array(res.per_doc_bpb), got
@@ -78,7 +92,7 @@ def _requests():
     return reqs
 
 
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", METHODS)
 def test_evaluation_does_not_depend_on_batching(models, method):
     model = models[method]
     alone, b_alone = _eval(model, 1, "fp32")
@@ -89,7 +103,7 @@ def test_evaluation_does_not_depend_on_batching(models, method):
         assert np.array_equal(b_alone[i], b_batched[i]), (method, i)
 
 
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", METHODS)
 def test_task_scores_do_not_depend_on_batching(models, method):
     model = models[method]
     reqs = _requests()
@@ -99,9 +113,11 @@ def test_task_scores_do_not_depend_on_batching(models, method):
         assert b.nll == pytest.approx(a.nll, rel=1e-5, abs=1e-5)
         if a.boundaries is not None:
             assert np.array_equal(a.boundaries, b.boundaries)
+        if a.inner_boundaries is not None:
+            assert np.array_equal(a.inner_boundaries, b.inner_boundaries)
 
 
-@pytest.mark.parametrize("method", ["rl", "uniform", "nawrot", "hnet"])
+@pytest.mark.parametrize("method", ["rl", "uniform", "nawrot", "hnet", "rl-2stage"])
 def test_evaluation_under_bf16_is_batch_invariant_within_rounding(models, method):
     model = models[method]
     alone, b_alone = _eval(model, 1, "bf16")
