@@ -52,6 +52,7 @@ def _decodable():
                 out.append((name, {"boundary.upsample": "deviation"}))
                 out.append((name, {"model.shared_head": True}))
                 out.append((name, {"boundary.rate_schedule": "uniform:0.1:0.3"}))
+                out.append((name, {"boundary.pool": "mean"}))  # the MeanPool chunker's state
             if name == "uniform":
                 out.append((name, {"boundary.upsample": "deviation"}))
             if name == "hnet":

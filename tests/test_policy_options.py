@@ -205,7 +205,6 @@ def test_shared_head_is_one_head_applied_twice():
 
 
 def test_mean_pooling_under_rl(tmp_path):
-    from rltok.errors import RltokError
     from rltok.generate import generate
     from rltok.model.chunking import chunk_indices, mean_pool
 
@@ -218,10 +217,12 @@ def test_mean_pooling_under_rl(tmp_path):
     out = m.boundary(h, ids, valid=torch.ones_like(b), fixed=b)
     ch = chunk_indices(out.b, m.cfg.chunk_pad_multiple)
     torch.testing.assert_close(m.boundary.downsample(h, out, ch), mean_pool(h, ch))
-    assert not m.boundary.decodable() and _model().boundary.decodable()
-    with pytest.raises(RltokError, match="cannot decode from caches"):
-        generate(m, ["The"], 4, seed=1)
-    assert len(generate(m, ["The"], 4, seed=1, cache=False)[0].sampled) == 4
+    # the MeanPool chunker keeps the open chunk's sum, so mean pooling decodes from caches too
+    # (parity: test_generate's DECODABLE), and gives what recomputing the full model gives
+    assert m.boundary.decodable()
+    a = generate(m, ["The"], 12, seed=1)[0]
+    b2 = generate(m, ["The"], 12, seed=1, cache=False)[0]
+    assert a.sampled == b2.sampled and a.boundaries.tolist() == b2.boundaries.tolist()
 
 
 def test_bad_part_options_are_one_line():

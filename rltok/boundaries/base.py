@@ -1,10 +1,11 @@
 """The one interface every boundary method implements, and what a method registers.
 
-A boundary method is a small ``nn.Module`` that, given the encoder output ``h`` (and the input
-bytes, for rule-based methods), returns a :class:`BoundaryOutput`. It may override how bytes are
-pooled into chunks (``downsample``) and how chunk outputs return to bytes (``upsample``), and it
-supplies its auxiliary loss and statistics (``aux_loss``). The U-Net does not know which method it
-runs; a method does not know the training loop.
+A boundary method is a router, a small ``nn.Module`` that, given the encoder output ``h`` (and
+the input bytes, for rule-based methods), returns a :class:`BoundaryOutput`, plus the stage parts
+it chunks and dechunks with (``chunker``, ``dechunker``: model/dc.py; by default the paper's:
+select each chunk's last byte, add the latest chunk's output to each byte). It supplies its
+auxiliary loss and statistics (``aux_loss``). The U-Net does not know which method it runs; a
+method does not know the training loop.
 
 Incremental decoding (``rltok.generate``) asks a method one byte at a time through
 :meth:`BoundaryModule.step`. A method whose boundaries depend only on the past implements it (a
@@ -23,7 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from ..schema import BoundaryConfig, ModelConfig, RunConfig
-from ..model.chunking import Chunks, gather_up, select
+from ..model.chunking import Chunks
+from ..model.dc import AddLatest, SelectLast
 
 
 @dataclass
@@ -95,26 +97,34 @@ class BoundaryModule(nn.Module):
         super().__init__()
         self.model_cfg = model_cfg
         self.cfg = cfg
+        # the stage parts this method chunks and dechunks with (model/dc.py); a method that pools
+        # or smooths differently sets its own in its __init__
+        self.chunker: nn.Module = SelectLast()
+        self.dechunker: nn.Module = AddLatest(deviation=cfg.upsample == "deviation")
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
         raise NotImplementedError
 
+    def adjust_chunks(self, z: Tensor) -> Tensor:
+        """The chunk vectors as the main network receives them, from the chunker's (identity;
+        a rate-conditioned policy adds its rate embedding)."""
+        return z
+
+    # the stage's chunking and dechunking, through the method's parts
     def downsample(self, h: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
-        return select(h, chunks)
+        return self.adjust_chunks(self.chunker(h, out, chunks))
 
     def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
-        return h + gather_up(zhat, chunks)
+        return self.dechunker(h, zhat, out, chunks)
 
     def chunk_output(self, zhat: Tensor, z: Tensor) -> Tensor:
-        """What a chunk hands back to its bytes, from the main network's output ``zhat`` and its
-        input ``z`` (any shape, the same for both): zhat, or zhat - z with boundary.upsample=deviation.
-        Used by the forward pass and by decoding alike."""
-        return zhat - z.to(zhat.dtype) if self.cfg.upsample == "deviation" else zhat
+        """What a chunk hands back to its positions, from the main network's output ``zhat`` and
+        its input ``z``: zhat, or zhat - z with boundary.upsample=deviation (the dechunker's)."""
+        return self.dechunker.chunk_output(zhat, z)
 
     def decodable(self) -> bool:
-        """Whether this instance decodes from caches (``can_decode``, and no option that needs a
-        state the method's ``step`` does not keep)."""
+        """Whether this instance decodes from caches (``can_decode``)."""
         return type(self).can_decode()
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
@@ -145,44 +155,14 @@ class BoundaryModule(nn.Module):
             state = where_rows(t < lengths, st.state, state)
         return state
 
-    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
-        """The chunk vector z (n, d) of the rows whose chunk ends at this byte (only those rows
-        are used): ``h`` at the chunk's last byte, as :func:`select`. Methods that override
-        ``downsample`` (e.g. mean pooling) override this too, keeping sums in their state."""
-        return h
-
-    def upsample_step(self, h: Tensor, pending: Tensor, step: BoundaryStep) -> Tensor:
-        """u_t = h_t + zhat of the most recent chunk (``pending``, (n, d)), as ``upsample``."""
-        return h + pending
-
-    def merge_pending(self, pending: Tensor, zhat: Tensor, prob: Tensor | None) -> Tensor:
-        """The pending chunk output once a chunk closes, from the previous one (n, d), the new
-        chunk's output ``zhat`` (n, d) and its boundary probability (n,): ``zhat`` (H-Net
-        smooths it with an EMA over chunks)."""
-        return zhat
-
-    def decode_pending(self, zhat: Tensor, out: BoundaryOutput, chunks: Chunks, last: Tensor) -> Tensor:
-        """The pending chunk output after a prefill: zhat of the chunk that byte ``last[r]``
-        (B,) receives, i.e. zhat[c_up(last)]."""
-        c = chunks.up.gather(1, last[:, None])
-        return zhat.gather(1, c[..., None].expand(-1, -1, zhat.shape[-1]))[:, 0]
-
     @classmethod
     def can_decode(cls) -> bool:
-        """True when the method implements :meth:`step` and the step versions of any pooling it
-        overrides, so ``rltok.generate`` can decode it from caches."""
-        B = BoundaryModule
-        if cls.step is B.step:
+        """True when the method implements :meth:`step` (its parts always have theirs), so
+        ``rltok.generate`` can decode it from caches."""
+        if cls.step is BoundaryModule.step:
             return False
         # a non-causal method decodes only through a declared causal stand-in (uniform)
-        if not cls.causal and cls.decode_matches_forward:
-            return False
-        if cls.downsample is not B.downsample and cls.downsample_step is B.downsample_step:
-            return False
-        if cls.upsample is not B.upsample and (cls.upsample_step is B.upsample_step
-                                               or cls.decode_pending is B.decode_pending):
-            return False
-        return True
+        return cls.causal or not cls.decode_matches_forward
 
 
 def select_rows(state: Any, rows: Tensor) -> Any:

@@ -44,11 +44,11 @@ from torch import Tensor, nn
 from .. import estimator as est
 from ..schema import BoundaryConfig, ModelConfig
 from ..errors import RltokError
-from ..model.chunking import Chunks, decided_mask, force_ends, gather_up
+from ..model.chunking import decided_mask, force_ends
+from ..model.dc import P_MIN, EMASmooth, ema_loop, ema_scan  # noqa: F401  (ema_*, P_MIN re-exported)
 from ..model.unet import unet_builder
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
 
-P_MIN = 1e-4
 
 
 @dataclass
@@ -74,58 +74,6 @@ class HNetConfig(BoundaryConfig):
             raise RltokError(f"boundary.control_gain={self.control_gain} must be in (0, 10)")
 
 
-def ema_loop(x: Tensor, p: Tensor) -> Tensor:
-    """Reference: y_c = p_c x_c + (1 - p_c) y_{c-1}, y_{-1} = 0. x (B, M, d), p (B, M)."""
-    y = torch.zeros_like(x[:, 0])
-    out = []
-    for c in range(x.shape[1]):
-        y = p[:, c, None] * x[:, c] + (1 - p[:, c, None]) * y
-        out.append(y)
-    return torch.stack(out, dim=1)
-
-
-def _decay_matrix(la: Tensor) -> Tensor:
-    """W[..., i, j] = prod_{k=j+1..i} a_k = exp(sum_{k=j+1..i} la_k) for j <= i, else 0, from log
-    decays la (..., L). Each segment sum is accumulated directly (not as a difference of two
-    running sums, which cancels catastrophically in float32 once the running sum is large), and
-    the entries above the diagonal are -inf before exp: no overflow, and exactly zero gradient
-    from a position to earlier ones."""
-    L = la.shape[-1]
-    x = la[..., :, None].expand(*la.shape, L)  # x[..., k, j] = la_k
-    below = torch.ones(L, L, dtype=torch.bool, device=la.device).tril(-1)
-    seg = torch.where(below, x, torch.zeros_like(x)).cumsum(-2)  # seg[i, j] = sum_{j<k<=i} la_k
-    causal = torch.ones(L, L, dtype=torch.bool, device=la.device).tril()
-    return torch.exp(torch.where(causal, seg, torch.full_like(seg, float("-inf"))))
-
-
-def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
-    """The EMA of :func:`ema_loop` as a blocked parallel scan, float32.
-
-    Inside blocks of ``block`` chunks: y = W (p x) with W the decay matrix (a small matmul); between
-    blocks: the state entering block n is the EMA over the block-end states (again a decay
-    matrix, over blocks). Every exponent is a sum of log decays <= 0, so it is stable at any
-    length. Cost O(M * block * d + (M / block)^2 * d).
-    """
-    with torch.autocast(device_type=x.device.type, enabled=False):
-        B, M, d = x.shape
-        L = max(1, min(block, M))
-        nb = -(-M // L)
-        pad = nb * L - M
-        xf, pf = x.float(), p.float()
-        if pad:
-            xf = F.pad(xf, (0, 0, 0, pad))
-            pf = F.pad(pf, (0, pad), value=0.5)
-        la = torch.log1p(-pf).view(B, nb, L)  # log decay per chunk
-        u = (pf[..., None] * xf).view(B, nb, L, d)
-        local = _decay_matrix(la) @ u  # EMA inside each block, from a zero state
-        end = local[:, :, -1]  # (B, nb, d): state at the end of block n, from zero
-        # state at the end of block n: after_n = sum_{m<=n} (decay of blocks m+1..n) end_m
-        after = _decay_matrix(la.sum(-1)) @ end
-        entering = F.pad(after, (0, 0, 1, 0))[:, :-1]  # state entering block n
-        y = local + torch.exp(la.cumsum(-1))[..., None] * entering[:, :, None, :]
-        return y.reshape(B, nb * L, d)[:, :M]
-
-
 class HNetBoundaries(BoundaryModule):
     name = "hnet"
     learned = True
@@ -140,6 +88,7 @@ class HNetBoundaries(BoundaryModule):
             self.k_proj.weight.copy_(torch.eye(d))
         if cfg.rate_control == "threshold":
             self.register_buffer("threshold", torch.tensor(float(cfg.threshold)))
+        self.dechunker = EMASmooth(deviation=cfg.upsample == "deviation", block=cfg.scan_block)
 
     def _threshold(self) -> Tensor | float:
         return self.threshold if self.cfg.rate_control == "threshold" else self.cfg.threshold
@@ -156,15 +105,7 @@ class HNetBoundaries(BoundaryModule):
         decided = decided_mask(valid)
         return BoundaryOutput(hard=b.float(), decided=decided, probs=p)
 
-    def upsample(self, h: Tensor, zhat: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
-        P = out.probs.gather(1, chunks.positions).clamp(P_MIN, 1 - P_MIN)
-        P = torch.where(chunks.valid, P, torch.full_like(P, 0.5))  # padding chunks: any value
-        zbar = ema_scan(zhat, P, self.cfg.scan_block)
-        conf = torch.where(out.b, out.probs, 1 - out.probs)
-        ste = 1.0 + (conf - conf.detach())  # forward 1, gradient identity
-        return h + (gather_up(zbar, chunks) * ste[..., None]).to(h.dtype)
-
-    # -- decoding: routing needs q of the previous byte; dechunking the EMA of the chunk outputs --
+    # -- decoding: routing needs q of the previous byte (the dechunker keeps the EMA) -------------
     def step(self, h: Tensor, ids: Tensor, state: Tensor | None, *, pos: Tensor, noise: Tensor | None = None,
              fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
         """State: q_{t-1} / |q_{t-1}| (n, d), the routing's query of the previous byte."""
@@ -174,18 +115,6 @@ class HNetBoundaries(BoundaryModule):
         p = torch.where(pos == 0, torch.ones_like(p), p)
         b = fixed.bool() if fixed is not None else p >= self._threshold()
         return BoundaryStep(b=b | (pos == 0), prob=p, state=q)
-
-    def merge_pending(self, pending: Tensor, zhat: Tensor, prob: Tensor | None) -> Tensor:
-        P = prob.clamp(P_MIN, 1 - P_MIN)[:, None].to(zhat.dtype)  # zbar_c = P_c zhat_c + (1 - P_c) zbar_{c-1}
-        return P * zhat + (1 - P) * pending
-
-    def upsample_step(self, h: Tensor, pending: Tensor, step: BoundaryStep) -> Tensor:
-        return h + pending.to(h.dtype)  # the straight-through confidence is 1 in the forward pass
-
-    def decode_pending(self, zhat: Tensor, out: BoundaryOutput, chunks: Chunks, last: Tensor) -> Tensor:
-        P = out.probs.gather(1, chunks.positions).clamp(P_MIN, 1 - P_MIN)
-        P = torch.where(chunks.valid, P, torch.full_like(P, 0.5))
-        return super().decode_pending(ema_scan(zhat, P, self.cfg.scan_block), out, chunks, last)
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         out = ctx.out

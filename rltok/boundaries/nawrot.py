@@ -31,7 +31,8 @@ from torch import Tensor, nn
 from .. import estimator as est
 from ..schema import BoundaryConfig, ModelConfig
 from ..errors import RltokError
-from ..model.chunking import Chunks, forced_mask, mean_pool
+from ..model.chunking import forced_mask
+from ..model.dc import MeanPool, straight_through_pool_weights  # noqa: F401  (re-exported)
 from ..model.unet import unet_builder
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
 
@@ -66,29 +67,12 @@ def logistic_noise(u: Tensor) -> Tensor:
     return torch.log(u) - torch.log1p(-u)
 
 
-def straight_through_pool_weights(hard: Tensor) -> Tensor:
-    """Pooling weights that are exactly 1 in the forward pass and whose gradient w.r.t. hard[j] is
-    1 for every later byte l > j (Nawrot's ``1 - foo`` with foo = c - down(l))."""
-    down = hard.cumsum(1) - hard
-    return 1.0 + (down - down.detach())
-
-
 def binomial_nll(k: Tensor, n: Tensor, p: float) -> Tensor:
     """-log Binomial(n, p).pmf(k), differentiable in k (lgamma form, as torch's Binomial)."""
     k, n = k.float(), n.float()
     log_pmf = (torch.lgamma(n + 1) - torch.lgamma(k + 1) - torch.lgamma(n - k + 1)
                + k * math.log(p) + (n - k) * math.log1p(-p))
     return -log_pmf
-
-
-@dataclass
-class PoolState:
-    """Decoding state of mean pooling: the sum and count of the open chunk's bytes (zero after a
-    boundary), and the mean of the chunk that the last byte closed (or would close)."""
-
-    total: Tensor  # (n, d)
-    count: Tensor  # (n,)
-    pooled: Tensor  # (n, d)
 
 
 class NawrotBoundaries(BoundaryModule):
@@ -101,6 +85,7 @@ class NawrotBoundaries(BoundaryModule):
         d = model_cfg.d_model
         hidden = max(1, int(round(d * cfg.hidden_mult)))
         self.predictor = nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.chunker = MeanPool(straight_through=True)  # dynamic pooling: mean of each chunk's bytes
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
@@ -126,11 +111,8 @@ class NawrotBoundaries(BoundaryModule):
         return BoundaryOutput(hard=hard, decided=decided, probs=torch.sigmoid(logits), logits=logits,
                               extras={"soft": soft, "relaxed_logits": relaxed_logits})
 
-    def downsample(self, h: Tensor, out: BoundaryOutput, chunks: Chunks) -> Tensor:
-        return mean_pool(h, chunks, straight_through_pool_weights(out.hard))
-
-    # -- decoding: the same draw for one byte; mean pooling keeps the open chunk's sum ----------
-    def step(self, h: Tensor, ids: Tensor, state: "PoolState | None", *, pos: Tensor, noise: Tensor | None = None,
+    # -- decoding: the same draw for one byte (the chunker keeps the open chunk's sum) ------------
+    def step(self, h: Tensor, ids: Tensor, state: None, *, pos: Tensor, noise: Tensor | None = None,
              fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
         cfg = self.cfg
         logit = self.predictor(h).squeeze(-1).float()
@@ -140,16 +122,7 @@ class NawrotBoundaries(BoundaryModule):
             u = noise if noise is not None else torch.rand(h.shape[0], device=h.device)
             relaxed = (logit + logistic_noise(u)) / cfg.temperature
         b = fixed.bool() if fixed is not None else torch.sigmoid(relaxed) > cfg.threshold
-        b = b | (pos == 0)
-        total = h if state is None else state.total + h.to(state.total.dtype)
-        count = torch.ones_like(pos, dtype=total.dtype) if state is None else state.count + 1
-        pooled = total / count[:, None]
-        keep = (~b)[:, None].to(total.dtype)
-        return BoundaryStep(b=b, prob=torch.sigmoid(logit),
-                            state=PoolState(total=total * keep, count=count * keep[:, 0], pooled=pooled))
-
-    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
-        return step.state.pooled.to(h.dtype)
+        return BoundaryStep(b=b | (pos == 0), prob=torch.sigmoid(logit))
 
     def aux_loss(self, ctx: LossContext) -> tuple[Tensor, dict[str, Tensor]]:
         cfg, out = self.cfg, ctx.out

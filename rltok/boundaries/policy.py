@@ -25,7 +25,8 @@ from torch import Tensor, nn
 from ..schema import BOS, BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
-from ..model.chunking import decided_mask, force_ends, mean_pool
+from ..model.chunking import decided_mask, force_ends
+from ..model.dc import MeanPool
 from ..model.unet import unet_builder
 from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
                    bernoulli_entropy, bernoulli_log_prob, register)
@@ -180,6 +181,8 @@ class BoundaryPolicy(BoundaryModule):
             self.rate_embed = nn.Linear(2, model_cfg.d_model)
             nn.init.zeros_(self.rate_embed.weight)
             nn.init.zeros_(self.rate_embed.bias)
+        if cfg.pool == "mean":
+            self.chunker = MeanPool()  # the authors' AverageTokenDownsampler
         if cfg.rate_integral_gain > 0:
             # the integral controller's logit offset: a buffer, so saved, restored and fixed at evaluation
             self.register_buffer("rate_offset", torch.zeros(()))
@@ -224,16 +227,8 @@ class BoundaryPolicy(BoundaryModule):
         e = self._rate_vector(h)
         return h if e is None else h + e
 
-    def downsample(self, h: Tensor, out: BoundaryOutput, chunks) -> Tensor:
-        z = mean_pool(h, chunks) if self.cfg.pool == "mean" else super().downsample(h, out, chunks)
+    def adjust_chunks(self, z: Tensor) -> Tensor:
         return self._conditioned(z)
-
-    def decodable(self) -> bool:
-        # a mean-pooled chunk needs the running sum of its bytes, which step does not keep
-        return self.cfg.pool == "last" and super().decodable()
-
-    def downsample_step(self, h: Tensor, step: BoundaryStep) -> Tensor:
-        return self._conditioned(super().downsample_step(h, step))
 
     # -- logits ------------------------------------------------------------------------------
     def _cap(self, x: Tensor) -> Tensor:

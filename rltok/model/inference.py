@@ -26,6 +26,7 @@ class InferenceState:
     pending: Tensor  # (B, d): zhat of the most recent chunk
     pos: Tensor  # (B,) long: position of the next byte to consume
     inner: Any = None  # model.stages=2: the inner stage's StageState (rltok/model/stage.py)
+    chunker: Any = None  # the chunker's decoding state (model/dc.py; None for SelectLast)
 
     @property
     def batch_size(self) -> int:
@@ -45,7 +46,8 @@ class InferenceState:
                               decoder=[c.select(rows) for c in self.decoder],
                               boundary=select_rows(self.boundary, rows),
                               pending=self.pending[rows], pos=self.pos[rows],
-                              inner=None if self.inner is None else self.inner.select(rows))
+                              inner=None if self.inner is None else self.inner.select(rows),
+                              chunker=select_rows(self.chunker, rows))
 
     def cache_bytes(self) -> dict[str, int]:
         """Memory held: byte layers (bounded by the window), main layers (allocated and used,

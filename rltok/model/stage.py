@@ -56,12 +56,13 @@ class StageState:
     boundary: Any  # the router's decoding state
     pending: Tensor  # (B, d): output of the most recent inner chunk
     count: Tensor  # (B,) long: outer chunks consumed (the router's position on its axis)
+    chunker: Any = None  # the router's chunker's decoding state
 
     def select(self, rows: Tensor) -> "StageState":
         return StageState(encoder=[c.select(rows) for c in self.encoder], main=[c.select(rows) for c in self.main],
                           decoder=[c.select(rows) for c in self.decoder],
                           boundary=select_rows(self.boundary, rows), pending=self.pending[rows],
-                          count=self.count[rows])
+                          count=self.count[rows], chunker=select_rows(self.chunker, rows))
 
 
 def _hook(on_kv: KVRecorder | None, stage: str, i: int):
@@ -121,8 +122,9 @@ class ChunkStage(nn.Module):
             decoder=[KVCache.from_prefill(*kv["inner.decoder", i], positions, n_outer, None, reserve)
                      for i in range(len(self.decoder))],
             boundary=self.boundary.decode_state(out.skip, no_ids, out.boundary, n_outer),
-            pending=self.boundary.decode_pending(out.inner_zhat, out.boundary, ch, n_outer - 1),
+            pending=self.boundary.dechunker.prefill_pending(out.inner_zhat, out.boundary, ch, n_outer - 1),
             count=n_outer.clone(),
+            chunker=self.boundary.chunker.prefill_state(out.skip, out.boundary, n_outer),
         )
 
     def step(self, z: Tensor, pos: Tensor, state: StageState, rows: Tensor, *, noise: Tensor | None = None,
@@ -137,9 +139,11 @@ class ChunkStage(nn.Module):
         count = state.count[rows]
         bs = self.boundary.step(y[:, 0], torch.zeros_like(pos), select_rows(state.boundary, rows), pos=count,
                                 noise=noise, fixed=fixed, mode=mode)
+        z_all, chunker = self.boundary.chunker.step(y[:, 0], bs.b, select_rows(state.chunker, rows))
+        state.chunker = assign_rows(state.chunker, rows, chunker)
         closing = bs.b.nonzero().squeeze(1)
         if closing.numel():  # rows whose inner chunk ends at this outer chunk run the main network
-            z2 = self.boundary.downsample_step(y[:, 0], bs)[closing][:, None]
+            z2 = self.boundary.adjust_chunks(z_all[closing])[:, None]
             p2, r2 = pos[closing], rows[closing]
             c2, s2 = self._rope(p2[:, None])
             x = z2
@@ -147,8 +151,8 @@ class ChunkStage(nn.Module):
                 x = blk.step(x, c2, s2, c, p2, r2)
             x = self.boundary.chunk_output(x, z2)[:, 0].to(state.pending.dtype)
             prob = None if bs.prob is None else bs.prob[closing]
-            state.pending = state.pending.index_copy(0, r2, self.boundary.merge_pending(state.pending[r2], x, prob))
-        u = self.boundary.upsample_step(y[:, 0], state.pending[rows], bs)[:, None]
+            state.pending = state.pending.index_copy(0, r2, self.boundary.dechunker.merge(state.pending[r2], x, prob))
+        u = self.boundary.dechunker.step(y[:, 0], state.pending[rows])[:, None]
         for blk, c in zip(self.decoder, state.decoder):
             u = blk.step(u, cos, sin, c, pos, rows)
         state.boundary = assign_rows(state.boundary, rows, bs.state)

@@ -189,8 +189,9 @@ class ByteUNet(nn.Module, HubMixin):
                   for i in range(len(self.main))],
             decoder=[KVCache.from_prefill(*kv["decoder", i], bytepos, lengths, W) for i in range(len(self.decoder))],
             boundary=self.boundary.decode_state(out.hidden, ids, out.boundary, lengths),
-            pending=self.boundary.decode_pending(out.zhat, out.boundary, ch, lengths - 1),
+            pending=self.boundary.dechunker.prefill_pending(out.zhat, out.boundary, ch, lengths - 1),
             pos=lengths.clone(),
+            chunker=self.boundary.chunker.prefill_state(out.hidden, out.boundary, lengths),
             inner=None if self.inner is None else self.inner.prefill_state(out.inner, kv, ch.positions,
                                                                             n_chunks, reserve),
         )
@@ -212,9 +213,10 @@ class ByteUNet(nn.Module, HubMixin):
             x = blk.step(x, cos, sin, c, pos)
         h = x[:, 0]
         bs = self.boundary.step(h, ids, state.boundary, pos=pos, noise=noise, fixed=fixed, mode=mode)
+        z_all, state.chunker = self.boundary.chunker.step(h, bs.b, state.chunker)
         rows = bs.b.nonzero().squeeze(1)
         if rows.numel():  # only the rows that close a chunk run the main network, for one chunk
-            z = self.boundary.downsample_step(h, bs)[rows][:, None]
+            z = self.boundary.adjust_chunks(z_all[rows])[:, None]
             zpos = pos[rows]
             zcos, zsin = rope_angles(zpos[:, None], hd, cfg.rope_theta)
             zin = z
@@ -228,8 +230,9 @@ class ByteUNet(nn.Module, HubMixin):
                 z, _ = self.inner.step(z, zpos, state.inner, rows, noise=u_in, mode=mode)
             z = self.boundary.chunk_output(z, zin)[:, 0].to(state.pending.dtype)
             prob = None if bs.prob is None else bs.prob[rows]
-            state.pending = state.pending.index_copy(0, rows, self.boundary.merge_pending(state.pending[rows], z, prob))
-        u = self.boundary.upsample_step(h, state.pending, bs)[:, None]
+            merged = self.boundary.dechunker.merge(state.pending[rows], z, prob)
+            state.pending = state.pending.index_copy(0, rows, merged)
+        u = self.boundary.dechunker.step(h, state.pending)[:, None]
         for blk, c in zip(self.decoder, state.decoder):
             u = blk.step(u, cos, sin, c, pos)
         logits = self.head(self.norm(u))[:, 0]
