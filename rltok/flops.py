@@ -88,10 +88,12 @@ def unet_flops(model: nn.Module, cfg: RunConfig, rate: float, inner_rate: float 
     r2 = cfg.boundary.inner_target_rate if inner_rate is None else inner_rate
     per_chunk = _matmul_params([*inner.encoder, *inner.decoder, inner.boundary])
     per_inner = _matmul_params(list(inner.main))
-    skip = _matmul_params([*model.decoder, model.head])  # the skip exit: forward only, 2 per weight
+    # the skip exit (boundary.inner_baseline=skip): the byte decoder and head forward only, 2 per weight
+    skip_pass = getattr(cfg.boundary, "inner_baseline", "skip") == "skip"
+    skip = _matmul_params([*model.decoder, model.head]) if skip_pass else 0
     matmul = 6 * (per_byte + rate * per_chunk + rate * r2 * per_inner) + 2 * skip
     attn = ATTN_FLOPS_PER_KEY_DIM * d * (
-        (n_byte_layers + len(model.decoder) / 3) * mean_causal_keys(S, mc.window)
+        (n_byte_layers + (len(model.decoder) / 3 if skip_pass else 0)) * mean_causal_keys(S, mc.window)
         + rate * (len(inner.encoder) + len(inner.decoder)) * mean_causal_keys(rate * S)
         + rate * r2 * len(inner.main) * mean_causal_keys(rate * r2 * S))
     return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk, r2, per_inner)

@@ -159,7 +159,8 @@ def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, tmask: Te
     surrogate is divided by the byte targets, as the outer one is, so that both estimate the
     gradient of the same per-byte loss. The skip exit runs forward only (no loss of its own)."""
     ch = out.chunks
-    ce_skip = per_position_ce(out.skip_logits, batch.targets)
+    # the baseline: the skip exit's losses, or (boundary.inner_baseline=early) the outer early exit's
+    ce_skip = ctx.ce_early if out.skip_logits is None else per_position_ce(out.skip_logits, batch.targets)
     tm = tmask.float()
     inner_ctx = LossContext(out=out.inner.boundary, ce=chunk_sums(ce, ch), ce_early=chunk_sums(ce_skip, ch),
                             target_mask=(chunk_sums(tm, ch) > 0) & ch.valid, valid=ch.valid,
@@ -167,7 +168,8 @@ def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, tmask: Te
                             n_targets=n.float())
     aux, stats = model.inner.boundary.aux_loss(inner_ctx)
     stats = {f"inner_{k}": v for k, v in stats.items()}
-    stats["bpb_skip"] = ce_skip.sum() / n / LN2
+    if out.skip_logits is not None:
+        stats["bpb_skip"] = ce_skip.sum() / n / LN2
     return aux, stats, inner_boundary_bytes(out.inner, ch, batch.ids.shape[1])
 
 

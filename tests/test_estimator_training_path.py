@@ -203,15 +203,16 @@ def _exact_two_stage_gradient(model, cfg, ids, targets):
     return _flat(torch.autograd.grad(cfg.boundary.pg_weight * objective, params))
 
 
-TWO_STAGE_CASES = [  # (router window, reward, baseline, sequences)
-    (1, "early_exit", "leave_one_out", 8192),
-    (1, "early_exit", "none", 8192),
-    (2, "early_exit", "leave_one_out", 8192),
+TWO_STAGE_CASES = [  # (router window, reward, baseline, inner baseline, sequences)
+    (1, "early_exit", "leave_one_out", "skip", 8192),
+    (1, "early_exit", "none", "skip", 8192),
+    (2, "early_exit", "leave_one_out", "skip", 8192),
+    (1, "early_exit", "leave_one_out", "early", 8192),
 ]
 
 
-@pytest.mark.parametrize("window,reward,baseline,n_seq", TWO_STAGE_CASES)
-def test_two_stage_gradients_are_unbiased_at_both_levels(window, reward, baseline, n_seq):
+@pytest.mark.parametrize("window,reward,baseline,inner_baseline,n_seq", TWO_STAGE_CASES)
+def test_two_stage_gradients_are_unbiased_at_both_levels(window, reward, baseline, inner_baseline, n_seq):
     """gamma = 1, two stages: the Monte-Carlo mean of the gradient training_loss puts on the
     outer and the inner router equals the exact gradient of the expected per-byte loss, within
     5 standard errors per coordinate; the inner router's rewards are the skip exit's losses minus
@@ -219,7 +220,7 @@ def test_two_stage_gradients_are_unbiased_at_both_levels(window, reward, baselin
     router's rescaled (model/stage.py). Negative controls: the sign of either router's part
     flipped must fail the comparison."""
     model, cfg = _two_stage_model(**{"boundary.window": window, "boundary.reward": reward,
-                                     "boundary.baseline": baseline})
+                                     "boundary.baseline": baseline, "boundary.inner_baseline": inner_baseline})
     model.train()
     ids, targets = _sequence()
     exact = _exact_two_stage_gradient(model, cfg, ids, targets)

@@ -236,6 +236,10 @@ def test_flops_count_each_stage_at_its_rate():
         + r1 * r2 * 1 * mean_causal_keys(r1 * r2 * S))
     got = unet_flops(model, cfg, r1, r2)
     assert got.per_byte == pytest.approx(want, rel=1e-12)
+    # boundary.inner_baseline=early: no skip pass, and training runs none
+    early = _cfg(**{"boundary.inner_baseline": "early"})
+    no_skip = want - 2 * skip - A * d * (1 / 3) * mean_causal_keys(S, 8)
+    assert unet_flops(model, early, r1, r2).per_byte == pytest.approx(no_skip, rel=1e-12)
     assert unet_flops(model, cfg, r1, 0.8).per_byte > got.per_byte  # more inner chunks cost more
 
 
@@ -289,3 +293,23 @@ def test_level_stats_by_hand():
     e2[[4]] = True  # 'y': a word start, no clause end hit
     st2 = level_stats([text], [e2])
     assert st2["word_start_recall"] == 0.5 and st2["clause_recall"] == 0.0
+
+
+def test_early_exit_inner_baseline_runs_no_skip_pass():
+    """boundary.inner_baseline=early: training runs no skip pass (no skip logits, no bpb_skip) and
+    the inner router still learns (its gradient's correctness: the enumeration test)."""
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    cfg = build_config("rl", "smoke", overrides={"model.stages": 2, "boundary.inner_baseline": "early"})
+    torch.manual_seed(0)
+    model = get_method("rl").build(cfg, None)
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 256, (4, 64), generator=g)
+    batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
+                  noise=torch.rand(4, 64, generator=g), index=torch.arange(4))
+    assert model(ids, noise=batch.noise).skip_logits is None
+    sl = training_loss(model, batch, cfg)
+    assert "bpb_skip" not in sl.stats and "inner_pg_loss" in sl.stats
+    sl.loss.backward()
+    assert model.inner.boundary.proj.weight.grad.abs().sum() > 0

@@ -71,6 +71,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # two stages (issue 14): the main network moved up a level, over inner chunks at r*2 = 0.5
     # per outer chunk; the same parameters as rl and +1.1% training FLOPs per byte (docs/two_stage.md)
     "rl-2stage": ("rl", ["model.stages=2", HOLD]),
+    # two stages, FLOP-matched by depth: no skip pass (the inner router's baseline is the outer
+    # early exit), so the inner main network can have 6 layers over half the positions
+    "rl-2stage-deep": ("rl", ["model.stages=2", "model.main_layers=6", "boundary.inner_baseline=early", HOLD]),
     "rl-paper": ("rl", ["boundary.window=8", "boundary.scale=0.0625", HOLD]),  # the paper's policy settings
     "uniform": ("uniform", []),
     "stride": ("stride", []),

@@ -81,6 +81,10 @@ class PolicyConfig(BoundaryConfig):
     # model.stages=2: the inner router's r*, boundaries per outer chunk (0.5: about two outer
     # chunks, i.e. two words at r* = 0.2, per inner chunk)
     inner_target_rate: float = 0.5
+    # model.stages=2: the inner router's reward baseline. skip: the same prediction with the inner
+    # stage skipped (a forward-only pass of the byte decoder); early: the outer early exit (free,
+    # noisier: it also carries the outer stage's gain)
+    inner_baseline: str = "skip"
     # > 0: rltok's integral rate controller (not the paper's): after every training micro-batch the
     # logit offset c moves by -gain * (F - r*), F the achieved boundary fraction (as H-Net's
     # rate_control=threshold); holds the training rate at r* where the penalty alone drifts
@@ -130,6 +134,8 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.return_block must be >= 1")
         if not 0.0 <= self.rate_integral_gain < 100:
             raise RltokError(f"boundary.rate_integral_gain={self.rate_integral_gain} must be in [0, 100)")
+        if self.inner_baseline not in ("skip", "early"):
+            raise RltokError(f"boundary.inner_baseline={self.inner_baseline!r} must be skip or early")
         if not 0.0 < self.inner_target_rate < 1.0:
             raise RltokError(f"boundary.inner_target_rate={self.inner_target_rate} must be in (0, 1)")
 

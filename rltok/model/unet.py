@@ -144,7 +144,7 @@ class ByteUNet(nn.Module, HubMixin):
         zhat = self.boundary.chunk_output(zmain, z)
         logits = self.decode(self.boundary.upsample(h, zhat, bo, chunks), cos, sin, on_kv)
         skip = None
-        if stage is not None and self.training:
+        if stage is not None and self.training and self.inner.boundary.cfg.inner_baseline == "skip":
             # the inner router's reward baseline: the same prediction with the inner stage skipped
             # (forward only: a baseline needs no gradient, and costs a third of a trained pass)
             with torch.no_grad():
