@@ -267,6 +267,8 @@ def cmd_run(args) -> int:
     set_threads(1)
     shared_bpe()
     todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
+    if args.tags:  # only these variants (e.g. to finish one comparison's seeds first)
+        todo = [c for c in todo if c[1] in args.tags.split(",")]
     print(f"{len(todo)} cells to run", flush=True)
 
     def one(c):
@@ -430,6 +432,7 @@ def main(argv=None) -> int:
         q.add_argument("--rungs", default="2M")
         q.add_argument("--ablations", action="store_true", help="add the paper's ablations (8 MB rung and up)")
         q.add_argument("--jobs", type=int, default=2)
+        q.add_argument("--tags", default="", help="only these variants, comma-separated")
         q.set_defaults(func=fn)
     c = sub.add_parser("cell")
     c.add_argument("rung", choices=list(RUNGS))
