@@ -110,14 +110,17 @@ def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor, n
 
 def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,
                  reduce_mean: Callable[[Tensor], Tensor] | None = None,
-                 one_sided: bool = False, segments: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                 one_sided: bool = False, segments: Tensor | None = None,
+                 all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
     """(pbar - r*)_sg * mean logit, with forced positions counted as probability 1 (the paper).
 
     Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
     down together when the rate is above target and up when below. ``one_sided``: only above
     (max(pbar - r*, 0)), so r* is a ceiling the policy may stay under. ``segments`` ((B, S) ids
     below B*(S+1), e.g. ``document_segments``): pbar per segment instead of over the batch (not reduced across
-    ranks: a document lives on one rank).
+    ranks: a document lives on one rank). ``all_reduce_sum``: the controller's pbar is the ratio
+    of sums over ranks (as one process over the whole batch computes it, also when ranks hold
+    different numbers of positions, e.g. an inner stage's chunks); else ``reduce_mean`` of pbar.
     """
     d, v = decided.float(), valid.float()
     n = v.sum().clamp(min=1)
@@ -136,8 +139,13 @@ def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, 
         if one_sided:
             excess = excess.clamp(min=0)
         return (excess * logits.float() * d).sum() / n, pbar
-    pbar_g = pbar.detach() if reduce_mean is None else reduce_mean(pbar.detach())
-    lbar = (logits.float() * d).sum() / n
+    if all_reduce_sum is not None:
+        pbar_g = all_reduce_sum(p_forced.sum().detach()) / all_reduce_sum(v.sum()).clamp(min=1)
+    else:
+        pbar_g = pbar.detach() if reduce_mean is None else reduce_mean(pbar.detach())
+    # divided by the mean count over ranks, so that averaging the ranks' gradients (DDP) gives one
+    # process's gradient also when ranks hold different numbers of positions (an inner stage)
+    lbar = (logits.float() * d).sum() / (n if reduce_mean is None else reduce_mean(n.detach()))
     excess = pbar_g - target
     if one_sided:
         excess = excess.clamp(min=0)

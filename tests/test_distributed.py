@@ -37,6 +37,7 @@ G = 4  # global batch (sequences)
 BASE = {"train.eval_docs": 0, "train.log_every": 1, "train.max_steps": 2, "train.batch_size": G,
         "train.dtype": "fp32", "train.device": "cpu"}
 RL = {"boundary.baseline_group": G // 2}
+TWO_STAGE = {"model.stages": 2, "boundary.rate_integral_gain": 1.0}
 WEIGHT_ATOL = 1e-5
 
 
@@ -96,6 +97,10 @@ def dist(tmp_path_factory):
         {"name": "fsdp_resume", "method": "rl", "overrides": {**stop_over, "train.parallel": "fsdp"},
          "out": str(root / "fsdp_resume"), "copy_from": str(root / "stop"), "resume": True},
     ]
+    # two stages, with the integral rate controller: both levels' baselines and the controller's
+    # rate are reduced across ranks like the one-stage estimator's
+    jobs.append({"name": "two_stage", "method": "rl", "out": str(root / "two_stage"),
+                 "overrides": {**BASE, **RL, **data, **TWO_STAGE}})
     if "nawrot" in method_names():
         jobs.append({"name": "nawrot", "method": "nawrot", "overrides": {**BASE, **data},
                      "out": str(root / "nawrot")})
@@ -139,6 +144,16 @@ def test_two_ranks_equal_one_process(dist, method):
     assert [r["step"] for r in sa] == [1, 2]
     for ra, rb in zip(sa, sb):
         for key in ("loss", "lm_loss", "bpb", "rate"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-5), key
+    _compare(run, ref)
+
+
+def test_two_ranks_equal_one_process_for_two_stages(dist):
+    assert dist["results"]["two_stage"] == {"exit_code": 0, "steps": 2}
+    run = dist["root"] / "two_stage"
+    ref = _reference(dist, "two_stage", "rl", {**BASE, **RL, **TWO_STAGE})
+    for ra, rb in zip(_steps(run), _steps(ref)):
+        for key in ("loss", "bpb", "rate", "inner_rate"):
             assert ra[key] == pytest.approx(rb[key], rel=1e-5), key
     _compare(run, ref)
 

@@ -47,11 +47,11 @@ def _mse(xs) -> str:
     return f"{sum(xs) / len(xs):.3f}" + ("" if math.isnan(se) else f" ± {se:.3f}")
 
 
-def _one_stage_levels(rung: str, seed: int, docs) -> dict | None:
+def _one_stage_levels(rung: str, tag: str, seed: int, docs) -> dict | None:
     import rltok
     from rltok.analysis import level_stats, segment_docs
 
-    run = RUNS / rung / f"rl_s{seed}"
+    run = RUNS / rung / f"{tag}_s{seed}"
     if not (run / "model.safetensors").is_file():
         return None
     model = rltok.load(run)
@@ -59,42 +59,60 @@ def _one_stage_levels(rung: str, seed: int, docs) -> dict | None:
     return level_stats(pieces, [r.boundaries for r in res])
 
 
-def report(rung: str) -> dict:
+# (one-stage tag, two-stage tag, what the pair matches)
+PAIRS = (
+    ("rl", "rl-2stage", "parameters and FLOPs (+1.1%): the main network moved up a level"),
+    ("rl", "rl-2stage-deep", "FLOPs (-0.4%): 6 inner main layers over half the positions, 1.6x the parameters, "
+                             "the outer early exit as the inner baseline"),
+    ("rl-penalty", "rl-2stage-penalty", "as the first pair, with the paper's rate penalty only (no integral controller)"),
+)
+
+
+def report(rung: str) -> list[dict]:
     from rltok.config import build_config
     from rltok.data import load_splits
 
-    one, two = _cells(rung, "rl"), _cells(rung, "rl-2stage")
-    seeds = sorted(set(one) & set(two))
     cfg = build_config("rl", "tiny", overrides={"data.source": "english", "data.test_docs": 256})
     test = load_splits(cfg).test
     docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
-    rows = {}
-    for name, cells in (("one stage (rl)", one), ("two stages (rl-2stage)", two)):
-        c = [cells[s] for s in seeds]
-        rows[name] = {
-            "seeds": seeds, "params": [x["params"] for x in c], "flops_per_byte": [x["flops_per_byte"] for x in c],
-            "train_rate_late": [x["train_rate_late"] for x in c],
-            "rates": [x["test"].get("rates", [x["test"]["rate"]]) for x in c],
-            "bytes_per_chunk": [x["test"].get("bytes_per_chunk") for x in c],
-            **{e: [x[e]["bpb"] for x in c] for e in EVALS},
-        }
-    deltas = {e: [two[s][e]["bpb"] - one[s][e]["bpb"] for s in seeds] for e in EVALS}
-    levels = {"two stages, outer": [], "two stages, inner": [], "one stage": []}
-    for s in seeds:
-        st = two[s].get("stage_stats") or {}
-        if "outer" in st:
-            levels["two stages, outer"].append(st["outer"])
-        if "inner" in st:
-            levels["two stages, inner"].append(st["inner"])
-        lv = _one_stage_levels(rung, s, docs)
-        if lv is not None:
-            levels["one stage"].append(lv)
-    return {"rung": rung, "seeds": seeds, "rows": rows, "delta_two_minus_one": deltas, "levels": levels}
+    one_stage_levels: dict[tuple[str, int], dict | None] = {}
+    out = []
+    for tag1, tag2, matched in PAIRS:
+        one, two = _cells(rung, tag1), _cells(rung, tag2)
+        seeds = sorted(set(one) & set(two))
+        if not seeds:
+            continue
+        rows = {}
+        for name, cells in ((tag1, one), (tag2, two)):
+            c = [cells[s] for s in seeds]
+            rows[name] = {
+                "seeds": seeds, "params": [x["params"] for x in c], "flops_per_byte": [x["flops_per_byte"] for x in c],
+                "train_rate_late": [x["train_rate_late"] for x in c],
+                "rates": [x["test"].get("rates", [x["test"]["rate"]]) for x in c],
+                "bytes_per_chunk": [x["test"].get("bytes_per_chunk") for x in c],
+                **{e: [x[e]["bpb"] for x in c] for e in EVALS},
+            }
+        deltas = {e: [two[s][e]["bpb"] - one[s][e]["bpb"] for s in seeds] for e in EVALS}
+        levels = {f"{tag2}, outer": [], f"{tag2}, inner": [], tag1: []}
+        for s in seeds:
+            st = two[s].get("stage_stats") or {}
+            if "outer" in st:
+                levels[f"{tag2}, outer"].append(st["outer"])
+            if "inner" in st:
+                levels[f"{tag2}, inner"].append(st["inner"])
+            if (tag1, s) not in one_stage_levels:
+                one_stage_levels[tag1, s] = _one_stage_levels(rung, tag1, s, docs)
+            if one_stage_levels[tag1, s] is not None:
+                levels[tag1].append(one_stage_levels[tag1, s])
+        out.append({"rung": rung, "pair": [tag1, tag2], "matched": matched, "seeds": seeds, "rows": rows,
+                    "delta_two_minus_one": deltas, "levels": levels})
+    return out
 
 
 def render(rep: dict) -> str:
     rows, seeds = rep["rows"], rep["seeds"]
-    lines = [f"## {rep['rung']} per run, seeds {', '.join(map(str, seeds))} (mean ± SE over seeds)", "",
+    lines = [f"## {rep['rung']} per run: `{rep['pair'][0]}` vs `{rep['pair'][1]}`, seeds {', '.join(map(str, seeds))}",
+             "", f"Matched: {rep['matched']}. Mean ± SE over seeds.", "",
              "| model | params | train FLOPs/byte | train rate (2nd half) | eval rates (outer, inner) | "
              "bytes / innermost chunk | test bpb | C4 bpb | WikiText bpb |", "|---|---|---|---|---|---|---|---|---|"]
     for name, r in rows.items():
@@ -105,7 +123,7 @@ def render(rep: dict) -> str:
                      f"{_mse(r['train_rate_late'])} | {outer}, {inner} | {_mse(r['bytes_per_chunk'])} | "
                      f"{_mse(r['test'])} | {_mse(r['c4'])} | {_mse(r['wikitext'])} |")
     d = rep["delta_two_minus_one"]
-    lines += ["", "Two stages − one stage, paired by seed (same data order and evaluation draws): "
+    lines += ["", f"`{rep['pair'][1]}` − `{rep['pair'][0]}`, paired by seed (same data order and evaluation draws): "
               + ", ".join(f"{e} {_mse(d[e])}" for e in EVALS)
               + " (per seed: " + "; ".join(f"{e} " + ", ".join(f"{x:+.3f}" for x in d[e]) for e in EVALS) + ").",
               "", "What each level cuts at (64 test documents; mean ± SE over seeds):", "",
@@ -121,8 +139,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rungs", default="2M")
     args = ap.parse_args(argv)
-    reps = [report(r) for r in args.rungs.split(",")]
-    reps = [r for r in reps if r["seeds"]]
+    reps = [p for r in args.rungs.split(",") for p in report(r)]
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "results.json").write_text(json.dumps(reps, indent=1) + "\n")
     (OUT / "tables.md").write_text("\n".join(render(r) for r in reps))

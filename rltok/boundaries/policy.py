@@ -404,7 +404,7 @@ class BoundaryPolicy(BoundaryModule):
             segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None
             rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
                                           self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge",
-                                          segments=segments)
+                                          segments=segments, all_reduce_sum=ctx.all_reduce_sum)
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)
@@ -427,7 +427,10 @@ class BoundaryPolicy(BoundaryModule):
         if cfg.rate_integral_gain > 0 and self.training:
             with torch.no_grad():
                 v = ctx.valid.float()
-                achieved = ctx.reduce_mean((out.hard.detach().float() * v).sum() / v.sum().clamp(min=1))
+                num, den = (out.hard.detach().float() * v).sum(), v.sum()
+                if ctx.all_reduce_sum is not None:  # the rate over all ranks' positions
+                    num, den = ctx.all_reduce_sum(num), ctx.all_reduce_sum(den)
+                achieved = num / den.clamp(min=1)
                 self.rate_offset.sub_(cfg.rate_integral_gain * (achieved - self.rate)).clamp_(-20.0, 20.0)
             stats["rate_offset"] = self.rate_offset.detach().clone()
         if rho is not None:
