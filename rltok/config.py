@@ -37,15 +37,19 @@ def build_config(method: str | None = "rl", preset: str | None = "tiny", recipe:
     if preset not in PRESETS:
         raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
     cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls())
+    # presets hold model, train and data keys only, which every method has: applied strictly
     for key, value in PRESETS[preset].items():
-        _apply(cfg, key, value, strict=False)
+        _apply(cfg, key, value, strict=True)
     # method-specific preset settings live with the method (MethodSpec.preset_overrides), so a
     # key meant for one method never reaches another method's field of the same name
     for key, value in spec.preset_overrides.get(preset, {}).items():
         _apply(cfg, key, value, strict=True)
+    # a recipe's method keys reach the methods that have them (paper-policy on rl, not uniform);
+    # a recipe meant for this method (its "method") is applied strictly
+    strict_recipe = named.get("method") == method
     for key, value in named.items():
         if key not in RECIPE_TARGETS:
-            _apply(cfg, key, value, strict=False)
+            _apply(cfg, key, value, strict=strict_recipe)
     apply_overrides(cfg, overrides)
     return check_stages(cfg.validate())
 

@@ -59,3 +59,19 @@ def test_cli_recipe_list_keys(capsys):
     out = capsys.readouterr().out
     assert "model.d_model = 768" in out and "train.batch_size = 256" in out
     assert "data.source = 'data/fineweb'" in out
+
+
+def test_every_preset_applies_strictly_to_every_method_and_a_typo_is_refused(monkeypatch):
+    """Presets hold model/train/data keys only and are applied strictly: every preset builds for
+    every method, and a preset key that no config has is an error, not silently dropped."""
+    from rltok import config as config_mod
+    from rltok.errors import RltokError
+    from rltok.methods import method_names
+    from rltok.presets import PRESETS
+
+    for preset in PRESETS:
+        for method in method_names():
+            config_mod.build_config(method, preset)
+    monkeypatch.setitem(PRESETS, "tiny", {**PRESETS["tiny"], "model.d_modle": 8})
+    with pytest.raises(RltokError, match="d_modle"):
+        config_mod.build_config("rl", "tiny")
