@@ -383,18 +383,21 @@ def plot(summary: dict, out: Path) -> None:
     rungs = sorted(summary, key=lambda r: RUNGS[r])
     tags = [t for t in VARIANTS if any(t in summary[r] for r in rungs)]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    color = {tag: cycle[i % len(cycle)] for i, tag in enumerate(tags)}  # the same colour in both panels
+    # one colour and marker per method, the same in both panels (16+ methods: tab20 and 6 markers)
+    cmap = plt.get_cmap("tab20")
+    color = {tag: cmap(i % 20) for i, tag in enumerate(tags)}
+    markers = "osD^vP"
+    marker = {tag: markers[i % len(markers)] for i, tag in enumerate(tags)}
     for tag in tags:
         xs = [RUNGS[r] for r in rungs if tag in summary[r]]
         ys = [summary[r][tag]["test_bpb"]["mean"] for r in rungs if tag in summary[r]]
         es = [summary[r][tag]["test_bpb"]["se_seeds"] for r in rungs if tag in summary[r]]
-        a1.errorbar(xs, ys, yerr=np.nan_to_num(es), marker="o", capsize=2, label=tag, color=color[tag])
+        a1.errorbar(xs, ys, yerr=np.nan_to_num(es), marker=marker[tag], capsize=2, label=tag, color=color[tag])
         d = [(RUNGS[r], summary[r][tag]["test_delta_vs_uniform"]) for r in rungs
              if tag in summary[r] and "test_delta_vs_uniform" in summary[r][tag]]
         if d:
             a2.errorbar([x for x, _ in d], [v["mean"] for _, v in d], yerr=np.nan_to_num([v["se_seeds"] for _, v in d]),
-                        marker="o", capsize=2, label=tag, color=color[tag])
+                        marker=marker[tag], capsize=2, label=tag, color=color[tag])
     for a in (a1, a2):
         a.set_xscale("log", base=2)
         a.set_xlabel("training bytes per run")
