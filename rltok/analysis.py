@@ -102,7 +102,6 @@ def pieces_of(docs: Sequence[bytes], size: int) -> list[bytes]:
 def segment_docs(model: nn.Module, docs: Sequence[bytes], *, seed: int = 0, mode: str = "sample",
                  batch_size: int = 16, dtype: str = "fp32", progress: bool | str = False):
     """Pieces of the documents with their per-byte scores (boundaries, probabilities, log-probs)."""
-
     pieces = pieces_of(docs, model_seq_len(model) - 1)
     res = score_requests(model, [Request(b"", p) for p in pieces], seed=seed, mode=mode,
                          batch_size=batch_size, dtype=dtype, details=True, progress=progress)
@@ -270,7 +269,6 @@ def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | 
     """One row per language: bytes, characters, whitespace words; per run, chunks, bytes per
     chunk, chunks per word, bits and bits per byte; per tokenizer, tokens, bytes per token, tokens per word; and each
     count relative to the ``reference`` language (the same text)."""
-
     models, tokenizers = models or {}, tokenizers or {}
     rows = []
     for i, t in enumerate(texts):

@@ -26,12 +26,11 @@ import torch
 from torch import nn
 
 from .schema import BOS, PAD
-from .data.loader import Batch
+from .data.loader import Batch, document_windows, window_starts
 from .evaluate import autocast_for, eval_noise
 from .objectives import score as score_batch
 from .tasks.scoring import model_seq_len
 from .data.corpus import Corpus
-from .data.loader import document_windows, window_starts
 from .rates import requested_rate
 from .run import load_model
 from .text import to_bytes
@@ -40,7 +39,6 @@ from .text import to_bytes
 def load(run: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
     """The model of a run directory (final weights, else its newest valid checkpoint), in eval
     mode, with ``.run_config`` attached."""
-
     return load_model(run, device=device, checkpoint=checkpoint)
 
 
@@ -199,7 +197,6 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
     (``data.loader.window_starts``); a byte's boundary comes from a window where it has at least
     a quarter of a window of context before it and is not the window's forced end. ``rate``: the
     boundary rate of a rate-conditioned model."""
-
     raw = [_as_bytes(t) for t in texts]
     if any(not r for r in raw):
         raise ValueError("encode: a text is empty")

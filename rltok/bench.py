@@ -208,7 +208,6 @@ def run_interleaved(methods: list[str], preset: str, steps: int = 10, warmup: in
     """Time ``steps`` training steps of each method, alternating between the methods step by
     step after ``warmup`` untimed steps each. The matmul peak is measured before and after (the
     mean is used), in the same process."""
-
     first = build_config(methods[0], preset, overrides={**(overrides or {}), "train.device": device})
     splits = load_splits(first)  # every method reads the same documents
 

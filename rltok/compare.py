@@ -39,7 +39,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .schema import RunConfig
+from .schema import PAD, RunConfig, _split_kv, apply_overrides, resolve_key
 from .config import build_config
 from .errors import RltokError
 from . import bpe as bpe_lib
@@ -52,7 +52,6 @@ from .flops import training_flops_per_byte
 from .metrics import read_metrics
 from .model.chunking import decided_mask
 from .run import SUMMARY, is_finished, is_run, load_model, read_config, read_summary
-from .schema import PAD, _split_kv, apply_overrides, resolve_key
 from .train import train
 
 ALIASES = {"policy_scale": "boundary.scale"}
@@ -185,7 +184,6 @@ def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference
 def plan(spec: CompareSpec, bpe_reference: Path | None = None) -> list[PlannedRun]:
     """Every (variant, seed) run with its resolved config, seed-major: all methods with the first
     seed come first, so an interrupted comparison has one complete seed early."""
-
     runs = []
     for s in spec.overrides:
         key = _split_kv(s)[0]
@@ -269,7 +267,6 @@ def eval_key(spec: CompareSpec, corpus_name: str, n_docs: int, reference_sha: st
 
 def evaluate_run(run: PlannedRun, corpus, spec: CompareSpec, key: dict, tokenizer, device: torch.device) -> dict:
     """Evaluate a finished run on the comparison's documents (cached in the run directory)."""
-
     path = run.run_dir / EVAL_FILE
     if path.is_file():
         try:
@@ -299,7 +296,6 @@ def _summary_mtime(run_dir: Path) -> float:
 
 def training_record(run_dir: Path, model) -> dict[str, Any]:
     """Training rate, throughput, parameters and FLOPs of a finished run."""
-
     summary = read_summary(run_dir) or {}
     steps = [r for r in read_metrics(run_dir) if "event" not in r]
     rates = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])]
@@ -329,7 +325,6 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
 
 def _reference_bpe(spec: CompareSpec, base: RunConfig, train_corpus, log: Callable[[str], None]) -> Path:
     """DIR/bpe_reference.json: a BPE fitted to the target rate on the training split (made once)."""
-
     path = spec.out / BPE_REFERENCE
     if path.is_file():
         return path

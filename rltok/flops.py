@@ -29,10 +29,9 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from .schema import RunConfig
+from .schema import BoundaryConfig, RunConfig
 from .boundaries.fixed import UniformBoundaries
 from .model.unet import ByteUNet
-from .schema import BoundaryConfig
 
 ATTN_FLOPS_PER_KEY_DIM = 12  # (QK^T + AV) x 2 FLOPs per multiply-add x 3 (forward + backward)
 
@@ -127,7 +126,6 @@ def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None
 def reference_unet(cfg: RunConfig) -> nn.Module:
     """The U-Net of this model config with parameter-free boundaries, on the meta device (no
     memory): the reference that ``bytes`` matches in parameters and ``bpe-lm`` in FLOPs."""
-
     with torch.device("meta"):
         return ByteUNet(cfg.model, UniformBoundaries(cfg.model, BoundaryConfig(target_rate=cfg.boundary.target_rate)))
 

@@ -40,7 +40,6 @@ _HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json",
 def save_pretrained(model, save_directory: str | Path, repo_id: str | None = None) -> Path:
     """Write ``model`` (one loaded by ``rltok.load`` or trained by rltok, so that it carries its
     ``run_config``) to ``save_directory`` in the layout of the module docstring."""
-
     cfg = getattr(model, "run_config", None)
     if cfg is None:
         raise RltokError("save_pretrained needs a model with its run config (one from rltok.load, "
@@ -75,7 +74,6 @@ def save_pretrained(model, save_directory: str | Path, repo_id: str | None = Non
 def final_summary(model) -> dict | None:
     """The run's summary.json when the model holds that run's final weights, else None (the
     summary's evaluation would describe other weights)."""
-
     run_dir = getattr(model, "run_dir", None)
     w = getattr(model, "weights", None) or {}
     if run_dir is None or not (w.get("finished") and w.get("checkpoint") == "model.safetensors"):
@@ -143,7 +141,6 @@ def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, ca
                     device: str = "cpu"):
     """The model in a local directory (a saved model or a run) or a Hub repo (downloaded into
     the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1`` reads the cache only)."""
-
     path = Path(name_or_path)
     if not path.is_dir():
         path = Path(_download(str(name_or_path), revision, cache_dir, local_files_only, token))

@@ -134,7 +134,7 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     loss = bc.lm_weight * lm + bc.early_weight * early + aux
     inner_bytes = None
     if out.inner is not None:
-        inner_loss, inner_stats, inner_bytes = _inner_stage_loss(model, out, ce, batch, tmask, n, ctx)
+        inner_loss, inner_stats, inner_bytes = _inner_stage_loss(model, out, ce, batch, n, ctx)
         loss = loss + inner_loss
         stats.update(inner_stats)
     counts = boundary_counts(batch.ids, out.boundary.b, valid, out.boundary.decided, inner_bytes)
@@ -147,9 +147,10 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     return StepLoss(loss=loss, stats=stats)
 
 
-def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, tmask: Tensor, n: Tensor,
+def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, n: Tensor,
                       ctx: LossContext) -> tuple[Tensor, dict[str, Tensor], Tensor]:
-    """Two stages: the inner router's estimator and the skip exit's loss (docs/two_stage.md).
+    """Two stages: the inner router's estimator (docs/two_stage.md), its statistics and the bytes
+    that end an inner chunk.
 
     The inner router decides over the outer chunks. Its per-position loss is chunk m's share of
     the byte losses, summed over the bytes that read chunk m; its reward baseline is the same sum
@@ -161,9 +162,8 @@ def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, tmask: Te
     ch = out.chunks
     # the baseline: the skip exit's losses, or (boundary.inner_baseline=early) the outer early exit's
     ce_skip = ctx.ce_early if out.skip_logits is None else per_position_ce(out.skip_logits, batch.targets)
-    tm = tmask.float()
     inner_ctx = LossContext(out=out.inner.boundary, ce=chunk_sums(ce, ch), ce_early=chunk_sums(ce_skip, ch),
-                            target_mask=(chunk_sums(tm, ch) > 0) & ch.valid, valid=ch.valid,
+                            target_mask=(chunk_sums(ctx.target_mask.float(), ch) > 0) & ch.valid, valid=ch.valid,
                             reduce_mean=ctx.reduce_mean, all_reduce_sum=ctx.all_reduce_sum, ids=None,
                             n_targets=n.float())
     aux, stats = model.inner.boundary.aux_loss(inner_ctx)

@@ -90,7 +90,6 @@ def full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, sharded: 
     """(tensors, meta) in the checkpoint's format (parameters numbered in ``named_parameters``
     order, full tensors), whatever the parallelism. Collective when ``sharded``; the result is
     only complete on rank 0 then."""
-
     if not sharded:
         return optimizer_state(opt)
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
@@ -114,7 +113,6 @@ def load_full_optimizer_state(model: nn.Module, opt: torch.optim.Optimizer, tens
                               meta: dict[str, Any], sharded: bool) -> None:
     """Load a checkpoint's full optimizer state (any world size) into ``opt``; with FSDP each
     rank keeps its shard."""
-
     if not sharded:
         load_optimizer_state(opt, tensors, meta)
         return

@@ -19,14 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import latest_valid_checkpoint, load_tensors, write_json_atomic
+from .checkpoint import latest_valid_checkpoint, load_checkpoint, load_tensors, write_json_atomic
 from .config import check_stages, run_config_from_dict
 from .errors import RltokError
 from .methods import get_method
 from .schema import FORMAT_VERSION, RunConfig
 from .metrics import METRICS  # noqa: F401  (part of the run layout)
 from .version import __version__
-from .checkpoint import load_checkpoint
 
 CONFIG = "config.json"
 MODEL = "model.safetensors"

@@ -648,7 +648,6 @@ def _show(bar, rec: dict[str, Any]) -> None:
 def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
     """What a run is, said before it starts: the model's size (applied per byte and per chunk),
     the data, the device, dtype and threads, and the training FLOPs per byte at the target rate."""
-
     n = sum(p.numel() for p in model.parameters())
     try:
         fl = training_flops_per_byte(model, cfg)

@@ -6,6 +6,7 @@ import torch
 
 from rltok.methods import get_method, method_names
 from rltok.config import build_config
+from rltok.model.stage import inner_boundary_bytes
 
 S = 48
 
@@ -51,10 +52,12 @@ def test_fixed_boundaries_are_causal(method, pattern):
         torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("method,over", [(m, {}) for m in _unet_methods()] + [("rl", {"boundary.window": 4})])
+@pytest.mark.parametrize("method,over", [(m, {}) for m in _unet_methods()] + [("rl", {"boundary.window": 4})]
+                         + [("rl", {"model.stages": 2}), ("rl", {"model.stages": 2, "boundary.window": 4})])
 def test_method_boundaries_are_causal(method, over):
     """With the method drawing its own boundaries (fixed noise), outputs up to t are unchanged
-    when bytes after t change, and gradients from later inputs are zero."""
+    when bytes after t change, and gradients from later inputs are zero. Two stages: the inner
+    router's decisions up to t are unchanged too."""
     model = _model(method, **over)
     mod = model.boundary
     if not type(mod).causal:
@@ -63,12 +66,18 @@ def test_method_boundaries_are_causal(method, over):
     ids = torch.randint(0, 256, (2, S), generator=g)
     noise = torch.rand(2, S, generator=g)
     base = model(ids, noise=noise)
+    if base.inner is not None:  # both levels decide something: inner ends, and outer-only ends
+        base_inner = inner_boundary_bytes(base.inner, base.chunks, S)
+        assert base_inner[:, 1:-1].any() and (base.boundary.b[:, 1:-1] & ~base_inner[:, 1:-1]).any()
     for t in (3, 20, S - 2):
         ids2 = ids.clone()
         ids2[:, t + 1:] = torch.randint(0, 256, (2, S - t - 1), generator=g)
         out = model(ids2, noise=noise)
         torch.testing.assert_close(out.logits[:, : t + 1], base.logits[:, : t + 1], atol=1e-5, rtol=1e-5)
         assert torch.equal(out.boundary.b[:, 1: t + 1], base.boundary.b[:, 1: t + 1])
+        if base.inner is not None:
+            inner = inner_boundary_bytes(out.inner, out.chunks, S)
+            assert torch.equal(inner[:, 1: t + 1], base_inner[:, 1: t + 1])
 
     # gradient of the prediction at t w.r.t. the embeddings of later bytes is exactly zero
     store = {}

@@ -219,8 +219,13 @@ def test_decoded_boundaries_fed_back_reproduce_decoded_logprobs(method, over, ba
         np.testing.assert_allclose(gen.logprobs, want.double().numpy(), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("method,over", [d for d in DECODABLE if type(_model(d[0], **d[1]).boundary).decode_matches_forward],
-                         ids=[i for i, d in zip(IDS, DECODABLE) if type(_model(d[0], **d[1]).boundary).decode_matches_forward])
+# methods whose decoder draws what the forward pass draws, and the two-stage U-Net (its inner
+# decisions follow from the same noise; the teacher-forced tests above impose outer ones only)
+SAME_NOISE = [(d, i) for d, i in zip(DECODABLE, IDS) if type(_model(d[0], **d[1]).boundary).decode_matches_forward]
+SAME_NOISE += [(("rl", {"model.stages": 2}), "rl-stages=2")]
+
+
+@pytest.mark.parametrize("method,over", [d for d, _ in SAME_NOISE], ids=[i for _, i in SAME_NOISE])
 def test_decoding_draws_the_forward_pass_boundaries_from_the_same_noise(method, over):
     """The decoder's own decisions equal the full forward pass's with the same uniforms, and the
     cached decoder samples exactly what re-running the full model per byte samples."""

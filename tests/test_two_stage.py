@@ -1,7 +1,9 @@
-"""The two-stage U-Net (model.stages=2): index arithmetic on hand-worked examples, causality at
-both levels, cached decoding against the full forward pass, the inner router's uniforms, FLOPs
-per stage, evaluation's rates, and the configuration's errors. The estimator at two levels
-against exact enumeration is in test_estimator_training_path.py."""
+"""The two-stage U-Net (model.stages=2): index arithmetic on hand-worked examples, causality of
+imposed decisions at both levels, cached decoding against the full forward pass, the inner
+router's uniforms, FLOPs per stage, evaluation's rates, and the configuration's errors.
+Elsewhere: the estimator at two levels against exact enumeration (test_estimator_training_path.py),
+causality of both routers' own draws (test_causality.py), cached = recomputed generation
+(test_generate.py), batch invariance, resume, two ranks = one process."""
 
 import numpy as np
 import pytest
@@ -11,7 +13,7 @@ from rltok.methods import get_method
 from rltok.schema import BOS, PAD
 from rltok.config import build_config
 from rltok.errors import RltokError
-from rltok.generate import generate, prefill, step
+from rltok.generate import prefill, step
 from rltok.model.chunking import chunk_indices
 from rltok.model.stage import chunk_sums, inner_boundary_bytes, inner_noise
 
@@ -108,39 +110,7 @@ def test_inner_draws_are_bernoulli_at_the_inner_probability():
     assert abs(mean - p) < 4 * np.sqrt(p * (1 - p) / n), (mean, p, n)
 
 
-# -- causality at both levels -------------------------------------------------------------------------
-
-@pytest.mark.parametrize("window", [1, 4])
-def test_both_levels_are_causal(window):
-    """The router at each level draws its own boundaries (fixed noise): the outputs up to t, and
-    both levels' decisions up to t, are unchanged when bytes after t change; the gradient of the
-    prediction at t w.r.t. later inputs is exactly zero."""
-    model = _model(**{"boundary.window": window})
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 256, (2, S), generator=g)
-    noise = torch.rand(2, S, generator=g)
-    base = model(ids, noise=noise)
-    base_inner = inner_boundary_bytes(base.inner, base.chunks, S)
-    assert base_inner[:, 1:-1].any() and (base.boundary.b[:, 1:-1] & ~base_inner[:, 1:-1]).any()
-    for t in (3, 20, S - 2):
-        ids2 = ids.clone()
-        ids2[:, t + 1:] = torch.randint(0, 256, (2, S - t - 1), generator=g)
-        out = model(ids2, noise=noise)
-        torch.testing.assert_close(out.logits[:, : t + 1], base.logits[:, : t + 1], atol=1e-5, rtol=1e-5)
-        assert torch.equal(out.boundary.b[:, 1: t + 1], base.boundary.b[:, 1: t + 1])
-        inner = inner_boundary_bytes(out.inner, out.chunks, S)
-        assert torch.equal(inner[:, 1: t + 1], base_inner[:, 1: t + 1])
-    x = model.embed(ids).detach().requires_grad_(True)
-    handle = model.embed.register_forward_hook(lambda m, i, o: x)
-    try:
-        t = 17
-        out = model(ids, noise=noise)
-        out.logits[:, t].sum().backward()
-        assert x.grad[:, t + 1:].abs().max().item() == 0.0
-        assert x.grad[:, : t + 1].abs().max().item() > 0.0
-    finally:
-        handle.remove()
-
+# -- causality at both levels (the routers' own draws: test_causality.py) ------------------------------
 
 def test_fixed_boundaries_at_both_levels_are_causal():
     model = _model()
@@ -202,18 +172,6 @@ def test_cached_decoding_matches_the_full_forward_pass_at_both_levels(over, mode
         assert full.boundary.b[0, L: L - 1 + n].tolist() == decided[r][: n - 1]
         inner_any |= bool(inner_boundary_bytes(full.inner, full.chunks, ids.shape[1])[0, 1:-1].any())
     assert inner_any
-
-
-def test_generate_cached_equals_recomputed_for_two_stages():
-    model = _model(**{"model.seq_len": 96})
-    prompts = ["x", "Hello, world, again and again"]
-    for mode in ("sample", "greedy"):
-        a = generate(model, prompts, 30, seed=5, boundary_mode=mode)
-        b = generate(model, prompts, 30, seed=5, boundary_mode=mode, cache=False)
-        for ga, gb in zip(a, b):
-            assert ga.sampled == gb.sampled
-            assert ga.boundaries.tolist() == gb.boundaries.tolist()
-            np.testing.assert_allclose(ga.logprobs, gb.logprobs, atol=ATOL)
 
 
 # -- FLOPs, evaluation, configuration -----------------------------------------------------------------

@@ -80,7 +80,6 @@ class TokenLM(FlatLM):
 
 def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int]:
     """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
-
     bc, d, S = cfg.boundary, cfg.model.d_model, cfg.model.seq_len
     target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
     head = 6 * d * (vocab + 1)

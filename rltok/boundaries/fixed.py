@@ -25,13 +25,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..schema import BoundaryConfig
+from ..schema import BOS, BoundaryConfig
 from ..model.chunking import decided_mask, force_ends, forced_mask
 from ..model.unet import unet_builder
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register
 from ..errors import RltokError
 from ..objectives import whitespace_mask
-from ..schema import BOS
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:
@@ -154,7 +153,6 @@ def whitespace_boundaries(ids: Tensor, rule: str = "spacebyte") -> Tensor:
     """``spacebyte``: b[t] = 1 iff byte t is spacelike and byte t-1 is not (SpaceByte's
     ``use_global``), so a run like ", " gives one boundary, at its first byte; BOS is always a
     boundary. ``ascii``: b[t] = 1 at every ASCII whitespace byte (and BOS)."""
-
     if rule == "ascii":
         b = whitespace_mask(ids)
     else:

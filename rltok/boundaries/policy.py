@@ -27,12 +27,11 @@ from ..errors import RltokError
 from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends
 from ..model.dc import MeanPool
-from ..model.unet import unet_builder
+from ..model.unet import ByteUNet, unet_builder
 from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
                    bernoulli_entropy, bernoulli_log_prob, register)
 from ..flops import unet_flops
 from ..model.stage import ChunkStage
-from ..model.unet import ByteUNet
 from ..objectives import whitespace_mask
 from ..rates import parse_schedule
 

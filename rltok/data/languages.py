@@ -39,7 +39,6 @@ def _digest(d: bytes) -> bytes:
 
 def source_languages(source: str, cfg: DataConfig) -> dict[bytes, str]:
     """sha256 of each document (each piece, as ``normalize_docs`` cuts them) -> its language."""
-
     if source not in multilingual.NAMES:
         raise RltokError(f"data.language_temperature needs a data source whose documents carry a language "
                          f"({', '.join(multilingual.NAMES)}); {source!r} has none")

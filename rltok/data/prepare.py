@@ -204,7 +204,6 @@ def iter_hub(spec: str, field: str, split: str = "train", data_files: str = "",
 
 def local_files(spec: str) -> list[Path] | None:
     """The files of a local source, or None for a built-in corpus."""
-
     if spec in BUILTINS:
         return None
     return expand_paths(spec)
@@ -213,7 +212,6 @@ def local_files(spec: str) -> list[Path] | None:
 def iter_local(spec: str, field: str, skip: int = 0) -> Iterator[tuple[int, bytes]]:
     """(document number, bytes) over all files in order, starting after ``skip`` documents.
     Whole files before the resume point are skipped by their recorded document counts."""
-
     files = local_files(spec)
     if files is None:
         for n, d in enumerate(load_builtin(spec)):

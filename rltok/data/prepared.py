@@ -226,7 +226,6 @@ def open_prepared(path: str | Path) -> Splits:
 
 def verify_prepared(path: str | Path, progress: bool = False) -> dict[str, Any]:
     """Check every file against the manifest (size and sha256). Returns the manifest."""
-
     d = Path(path).expanduser()
     manifest = read_manifest(d)
     _check_sizes(d, manifest)

@@ -33,7 +33,9 @@ from ..schema import ModelConfig
 from .chunking import Chunks, chunk_indices
 from .layers import Block, KVCache, rope_angles
 
-# on_kv(stage, layer, k, v), as model.unet.KVRecorder
+# on_kv(stage, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
+# stage is "encoder", "main", "decoder" or, two stages, "inner.encoder", "inner.main",
+# "inner.decoder". Used by the prefill of incremental decoding.
 KVRecorder = Callable[[str, int, Tensor, Tensor], None]
 
 
@@ -65,7 +67,7 @@ class StageState:
                           count=self.count[rows], chunker=select_rows(self.chunker, rows))
 
 
-def _hook(on_kv: KVRecorder | None, stage: str, i: int):
+def layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
     return None if on_kv is None else (lambda k, v: on_kv(stage, i, k, v))
 
 
@@ -91,7 +93,7 @@ class ChunkStage(nn.Module):
         cos, sin = self._rope(positions)
         y = z
         for i, blk in enumerate(self.encoder):
-            y = blk(y, cos, sin, _hook(on_kv, "inner.encoder", i))
+            y = blk(y, cos, sin, layer_hook(on_kv, "inner.encoder", i))
         no_ids = torch.zeros(valid.shape, dtype=torch.long, device=z.device)  # chunks have no byte id
         bo = self.boundary(y, no_ids, valid=valid, noise=noise, fixed=fixed, mode=mode)
         ch = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
@@ -99,11 +101,11 @@ class ChunkStage(nn.Module):
         c2, s2 = self._rope(positions.gather(1, ch.positions))
         x = z2
         for i, blk in enumerate(self.main):
-            x = blk(x, c2, s2, _hook(on_kv, "inner.main", i))
+            x = blk(x, c2, s2, layer_hook(on_kv, "inner.main", i))
         zhat2 = self.boundary.chunk_output(x, z2)
         u = self.boundary.upsample(y, zhat2, bo, ch)
         for i, blk in enumerate(self.decoder):
-            u = blk(u, cos, sin, _hook(on_kv, "inner.decoder", i))
+            u = blk(u, cos, sin, layer_hook(on_kv, "inner.decoder", i))
         return StageOutput(zhat=u, skip=y, boundary=bo, chunks=ch, inner_zhat=zhat2)
 
     def prefill_state(self, out: StageOutput, kv: dict, positions: Tensor, n_outer: Tensor,
@@ -160,6 +162,11 @@ class ChunkStage(nn.Module):
         return u, bs
 
 
+def _rescaled(u: Tensor, p: Tensor) -> Tensor:
+    """u / p, kept below 1: given u < p, a uniform on [0, 1) again."""
+    return (u / p.float().clamp(min=1e-30)).clamp(max=1 - 2 ** -24)
+
+
 def inner_noise(noise: Tensor | None, bo: BoundaryOutput, chunks: Chunks, mode: str,
                 fixed: bool) -> Tensor | None:
     """The inner router's uniforms (B, M), read off the outer router's: the uniform u_p that drew
@@ -173,9 +180,9 @@ def inner_noise(noise: Tensor | None, bo: BoundaryOutput, chunks: Chunks, mode: 
     u = noise.gather(1, chunks.positions)
     if fixed or bo.probs is None:
         return u
-    p = bo.probs.detach().float().gather(1, chunks.positions)
+    p = bo.probs.detach().gather(1, chunks.positions)
     sampled = bo.decided.gather(1, chunks.positions)
-    return torch.where(sampled, (u / p.clamp(min=1e-30)).clamp(max=1 - 2 ** -24), u)
+    return torch.where(sampled, _rescaled(u, p), u)
 
 
 def inner_noise_step(noise: Tensor | None, prob: Tensor | None, forced: Tensor, mode: str,
@@ -186,7 +193,7 @@ def inner_noise_step(noise: Tensor | None, prob: Tensor | None, forced: Tensor, 
         return None
     if fixed or prob is None:
         return noise
-    return torch.where(forced, noise, (noise / prob.float().clamp(min=1e-30)).clamp(max=1 - 2 ** -24))
+    return torch.where(forced, noise, _rescaled(noise, prob))
 
 
 def chunk_sums(x: Tensor, chunks: Chunks) -> Tensor:

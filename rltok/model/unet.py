@@ -26,7 +26,7 @@ from ..errors import RltokError
 from .chunking import Chunks, chunk_indices
 from .inference import DecodeStep, InferenceState, PrefillOutput, _fit, _pad_rows, _with_end_column
 from .layers import Block, KVCache, PackedRows, RMSNorm, rope_angles
-from .stage import ChunkStage, StageOutput, inner_noise, inner_noise_step
+from .stage import ChunkStage, KVRecorder, StageOutput, inner_noise, inner_noise_step, layer_hook
 from ..generate import generate
 
 
@@ -41,15 +41,6 @@ class UNetOutput:
     inner: StageOutput | None = None  # model.stages=2: the inner stage's output
     # model.stages=2, training: next-byte logits through the exit that skips the inner stage
     skip_logits: Tensor | None = None
-
-
-# on_kv(stage, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
-# stage is "encoder", "main" or "decoder". Used by the prefill of incremental decoding.
-KVRecorder = Callable[[str, int, Tensor, Tensor], None]
-
-
-def _layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
-    return None if on_kv is None else (lambda k, v: on_kv(stage, i, k, v))
 
 
 class ByteUNet(nn.Module, HubMixin):
@@ -92,7 +83,7 @@ class ByteUNet(nn.Module, HubMixin):
         cos, sin = rope_angles(torch.arange(S, device=ids.device), self.head_dim, self.cfg.rope_theta)
         x = self.embed(ids)
         for i, blk in enumerate(self.encoder):
-            x = blk(x, cos, sin, _layer_hook(on_kv, "encoder", i))
+            x = blk(x, cos, sin, layer_hook(on_kv, "encoder", i))
         return x, cos, sin
 
     def run_main(self, z: Tensor, positions: Tensor, on_kv: KVRecorder | None = None,
@@ -103,7 +94,7 @@ class ByteUNet(nn.Module, HubMixin):
         cos, sin = rope_angles(positions, self.head_dim, self.cfg.rope_theta)
         if valid is None or on_kv is not None:  # the prefill records padded keys/values
             for i, blk in enumerate(self.main):
-                z = blk(z, cos, sin, _layer_hook(on_kv, "main", i))
+                z = blk(z, cos, sin, layer_hook(on_kv, "main", i))
             return z
         rows = PackedRows.of(valid)
         x = rows.pack(z)
@@ -114,7 +105,7 @@ class ByteUNet(nn.Module, HubMixin):
     def decode(self, u: Tensor, cos: Tensor, sin: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
         """Decoder layers and the final head: next-byte logits (B, S, 257)."""
         for i, blk in enumerate(self.decoder):
-            u = blk(u, cos, sin, _layer_hook(on_kv, "decoder", i))
+            u = blk(u, cos, sin, layer_hook(on_kv, "decoder", i))
         return self.head(self.norm(u))
 
     def forward(self, ids: Tensor, *, noise: Tensor | None = None, boundaries: Tensor | None = None,
@@ -243,7 +234,6 @@ class ByteUNet(nn.Module, HubMixin):
     def generate(self, prompts, max_new_bytes: int = 256, temperature: float = 1.0, top_p: float = 1.0,
                  boundary_mode: str = "sample", **kwargs):
         """Sample continuations of ``prompts`` with KV caches; see :func:`rltok.generate.generate`."""
-
         return generate(self, prompts, max_new_bytes, temperature=temperature, top_p=top_p,
                         boundary_mode=boundary_mode, **kwargs)
 
