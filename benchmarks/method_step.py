@@ -75,8 +75,7 @@ def main() -> None:
                 times.append(time.perf_counter() - t0)
         sec = sorted(times)[len(times) // 2]
         rate = sum(rates) / len(rates) if rates else None
-        fam = getattr(model, "family", "unet")
-        fc = training_flops_per_byte(model, cfg, rate if fam in ("unet", "bpe-lm") else None)
+        fc = training_flops_per_byte(model, cfg, rate)  # the flat byte LM ignores the rate
         bps = cfg.bytes_per_step / sec
         rows.append((method, sec, bps, fc.per_byte, fc.per_byte * bps, rate,
                      sum(p.numel() for p in model.parameters())))

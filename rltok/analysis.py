@@ -39,8 +39,7 @@ from torch import nn
 from .errors import RltokError
 from .evaluate import boundary_enrichment
 from .objectives import WHITESPACE
-from .boundaries.bpe import fit_docs
-from .bpe import bpe_boundaries, fit_bpe_to_rate, load_tokenizer, save_tokenizer, token_lengths
+from .bpe import bpe_boundaries, fit_bpe_to_rate, fit_docs, load_tokenizer, save_tokenizer, token_lengths
 from .data import load_splits
 from .data.builtin import cache_dir
 from .tasks.scoring import Request, model_seq_len, score_requests

@@ -16,6 +16,7 @@ and the valid runs around it are tokenized separately.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -25,6 +26,8 @@ from .errors import RltokError
 from .checkpoint import write_bytes_atomic
 
 SPECIAL = ["<bos>", "<eos>"]
+TOKENIZER = "tokenizer.json"
+TOKENIZER_INFO = "tokenizer.info.json"
 
 
 def _tokenizers():
@@ -163,3 +166,117 @@ def save_tokenizer(tok, path: str | Path, info: dict | None = None) -> None:
     write_bytes_atomic(path, tok.to_str().encode())
     if info is not None:
         write_bytes_atomic(path.with_suffix(".info.json"), (json.dumps(info, indent=2) + "\n").encode())
+
+
+# -- tokenizing many byte strings ---------------------------------------------------------------
+
+def encode_many(tok, texts: Sequence[bytes]) -> list[tuple[list[int], list[int]]]:
+    """(token ids, token byte lengths) for each text, with one ``encode_batch`` call for all valid
+    UTF-8 runs. An invalid byte is its own single-byte token (its ByteLevel symbol)."""
+    pieces: list[str] = []  # every valid UTF-8 run of every text
+    layout: list[list] = []  # per text: index into pieces, or ("byte", value) for an invalid byte
+    for t in texts:
+        parts: list = []
+        for run, ok in _utf8_runs(bytes(t)):
+            if ok:
+                parts.append(len(pieces))
+                pieces.append(run.decode("utf-8"))
+            else:
+                parts.append(("byte", run[0]))
+        layout.append(parts)
+    encs = tok.encode_batch(pieces, add_special_tokens=False) if pieces else []
+    out: list[tuple[list[int], list[int]]] = []
+    for i, parts in enumerate(layout):
+        ids: list[int] = []
+        lens: list[int] = []
+        for part in parts:
+            if isinstance(part, tuple):
+                ids.append(byte_token_id(tok, part[1]))
+                lens.append(1)
+            else:
+                e = encs[part]
+                ids.extend(e.ids)
+                lens.extend(len(s) for s in e.tokens)  # ByteLevel: one symbol per byte
+        if sum(lens) != len(texts[i]):
+            raise RltokError("BPE tokens do not cover the input bytes (the tokenizer must use a "
+                             "ByteLevel pre-tokenizer without add_prefix_space)")
+        out.append((ids, lens))
+    return out
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by the ByteLevel pre-tokenizer."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+_BYTE_SYMBOL = _bytes_to_unicode()
+
+
+def byte_token_id(tok, byte: int) -> int:
+    i = tok.token_to_id(_BYTE_SYMBOL[byte])
+    if i is None:
+        raise RltokError(f"the BPE vocabulary has no token for byte {byte:#04x} (train it with the ByteLevel alphabet)")
+    return i
+
+
+# -- the tokenizer of a run ---------------------------------------------------------------------
+
+def fit_docs(corpus, max_bytes: int) -> list[bytes]:
+    """Documents of the split in a fixed random order, up to ``max_bytes``: a corpus stored source
+    by source (the built-in ones: one language or manual after another) must not fit its BPE, nor
+    hold out the documents that choose its vocabulary size (the first 10%), from one source."""
+    docs, total = [], 0
+    for i in np.random.default_rng(0).permutation(len(corpus)):
+        d = corpus.doc_bytes(int(i))
+        docs.append(d)
+        total += len(d)
+        if total >= max_bytes:
+            break
+    return docs
+
+
+def prepare_tokenizer(opts, target_rate: float, train_corpus, run_dir: Path, label: str) -> dict:
+    """Fit (or copy) the run's BPE into RUN/tokenizer.json and write its info; returns the info.
+    ``opts``: the method's tokenizer options (``tokenizer``, ``vocab_size``, ``fit_bytes``: bpe
+    guidance's ``boundary.*``, bpe-lm's ``flat.*``); ``target_rate``: the rate to fit to."""
+    bc = opts
+    run_dir = Path(run_dir)
+    docs = fit_docs(train_corpus, bc.fit_bytes)
+    if bc.tokenizer:
+        src = Path(bc.tokenizer).expanduser()
+        tok = load_tokenizer(src)
+        rate = tokens_per_byte(tok, docs)
+        info = {"source": str(src), "vocab_size": tok.get_vocab_size(), "rate": rate,
+                "rate_measured_on": "training documents used for fitting"}
+    elif bc.vocab_size > 0:
+        tok = train_bpe(docs, bc.vocab_size)
+        rate = tokens_per_byte(tok, docs)
+        info = {"source": "trained", "vocab_size": tok.get_vocab_size(), "rate": rate,
+                "rate_measured_on": "training documents used for fitting"}
+    else:
+        tok, size, rate = fit_bpe_to_rate(docs, target_rate)
+        info = {"source": "fit_bpe_to_rate", "vocab_size": size, "rate": rate,
+                "rate_measured_on": "held-out 10% of the fitting documents"}
+    info.update(target_rate=target_rate, fit_docs=len(docs), fit_bytes=sum(len(d) for d in docs))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(tok, run_dir / TOKENIZER, info)
+    print(f"{label}: BPE ({info['source']}) vocabulary {info['vocab_size']:,} gives {rate:.4f} tokens "
+          f"per byte (target {target_rate}); saved {run_dir / TOKENIZER}", file=sys.stderr)
+    return info
+
+
+def load_run_tokenizer(opts, run_dir: Path | None):
+    """RUN/tokenizer.json if the run has one, else the options' ``tokenizer``, else None."""
+    if run_dir is not None and (Path(run_dir) / TOKENIZER).is_file():
+        return load_tokenizer(Path(run_dir) / TOKENIZER)
+    if opts.tokenizer:
+        return load_tokenizer(Path(opts.tokenizer).expanduser())
+    return None

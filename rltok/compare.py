@@ -43,7 +43,7 @@ from .schema import PAD, RunConfig, _split_kv, apply_overrides, resolve_key
 from .config import build_config
 from .errors import RltokError
 from . import bpe as bpe_lib
-from .boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids, fit_docs
+from .boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids
 from .checkpoint import write_json_atomic
 from .data import load_splits
 from .data.sources import load_corpus
@@ -55,7 +55,7 @@ from .run import SUMMARY, is_finished, is_run, load_model, read_config, read_sum
 from .train import train
 
 ALIASES = {"policy_scale": "boundary.scale"}
-SETUP_FILLED = {"boundary.n_layers", "boundary.mlp_hidden", "boundary.token_rate"}  # 0 = chosen at setup
+SETUP_FILLED = {"flat.n_layers", "flat.mlp_hidden", "flat.token_rate"}  # 0 = chosen at setup
 IGNORED_ON_MATCH = {"train.device"}
 BPE_REFERENCE = "bpe_reference.json"
 EVAL_FILE = "compare_eval.json"
@@ -172,9 +172,11 @@ def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference
         # --set applies to every method that has the key (plan() rejects keys that none has)
         apply_overrides(cfg, [s for s in spec.overrides if resolve_key(cfg, _split_kv(s)[0]) is not None])
         # the comparison's reference BPE is the tokenizer of bpe and bpe-lm unless the variant says otherwise
-        if (bpe_reference is not None and hasattr(cfg.boundary, "tokenizer")
+        # (bpe guidance's boundary.tokenizer, the token LM's flat.tokenizer)
+        tok_opts = next((o for o in (cfg.boundary, cfg.flat) if hasattr(o, "tokenizer")), None)
+        if (bpe_reference is not None and tok_opts is not None
                 and not any(k.split(".")[-1] in ("tokenizer", "vocab_size") for k in v.overrides)):
-            cfg.boundary.tokenizer = str(bpe_reference)
+            tok_opts.tokenizer = str(bpe_reference)
         apply_overrides(cfg, dict(v.overrides))
         return cfg.validate()
     except RltokError as e:
@@ -221,7 +223,7 @@ def config_mismatch(saved: RunConfig, wanted: RunConfig) -> str | None:
             continue
         if key in SETUP_FILLED and b.get(key) in (0, 0.0):
             continue
-        if key == "boundary.tokenizer":  # the tokenizer file is copied into the run
+        if key in ("boundary.tokenizer", "flat.tokenizer"):  # the tokenizer file is copied into the run
             continue
         if a.get(key) != b.get(key):
             return f"{key} = {a.get(key)!r} in the run, {b.get(key)!r} wanted"
@@ -306,9 +308,8 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
             and r.get("bytes", 0) > summary.get("bytes", 0) / 2]
     inner = [r["inner_rate"] for r in steps if isinstance(r.get("inner_rate"), (int, float))
              and math.isfinite(r["inner_rate"])]
-    fam = getattr(model, "family", "unet")
-    rate_for_flops = train_rate if fam in ("unet", "bpe-lm") else None
-    fc = training_flops_per_byte(model, model.run_config, rate_for_flops,
+    # at the achieved rate (chunks or tokens per byte; the flat byte LM has none and ignores it)
+    fc = training_flops_per_byte(model, model.run_config, train_rate,
                                  float(np.mean(inner)) if inner else None)
     n_bytes = int(summary.get("bytes", 0))
     return {
@@ -329,7 +330,7 @@ def _reference_bpe(spec: CompareSpec, base: RunConfig, train_corpus, log: Callab
     if path.is_file():
         return path
     log(f"compare: fitting the reference BPE to rate {base.boundary.target_rate} on the training split")
-    tok, size, rate = bpe_lib.fit_bpe_to_rate(fit_docs(train_corpus, 20_000_000), base.boundary.target_rate)
+    tok, size, rate = bpe_lib.fit_bpe_to_rate(bpe_lib.fit_docs(train_corpus, 20_000_000), base.boundary.target_rate)
     bpe_lib.save_tokenizer(tok, path, {"vocab_size": size, "rate": rate,
                                        "target_rate": base.boundary.target_rate,
                                        "rate_measured_on": "held-out 10% of the fitting documents"})

@@ -17,9 +17,10 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import RltokError
+from .flat.config import FORMER_BOUNDARY_KEYS
 from .methods import get_method
 from .schema import *  # noqa: F401,F403  (the public names of the typed configuration)
-from .schema import RunConfig, _apply, _check, apply_overrides
+from .schema import FORMAT_VERSION, RunConfig, _apply, _check, apply_overrides
 from .presets import PRESETS, RECIPE_TARGETS, RECIPES  # noqa: F401  (re-exported)
 
 
@@ -36,7 +37,8 @@ def build_config(method: str | None = "rl", preset: str | None = "tiny", recipe:
     spec = get_method(method)
     if preset not in PRESETS:
         raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls())
+    cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls(),
+                    flat=spec.flat_cls() if spec.flat else None)
     # presets hold model, train and data keys only, which every method has: applied strictly
     for key, value in PRESETS[preset].items():
         _apply(cfg, key, value, strict=True)
@@ -66,4 +68,17 @@ def run_config_from_dict(d: dict[str, Any], strict: bool = False, format_version
     method = d.get("method", "rl")
     _check(isinstance(method, str), f"method={method!r} must be a string")
     spec = get_method(method)
-    return RunConfig.from_dict(d, spec.config_cls, strict=strict, format_version=format_version)
+    if spec.flat and "flat" not in d and (FORMAT_VERSION if format_version is None else format_version) < 8:
+        d = _flat_from_boundary(d)
+    return RunConfig.from_dict(d, spec.config_cls, strict=strict, format_version=format_version,
+                               flat_cls=spec.flat_cls)
+
+
+def _flat_from_boundary(d: dict[str, Any]) -> dict[str, Any]:
+    """Up to format 7 a flat baseline kept its options under boundary.* (its window as
+    ``attn_window``): move them to the flat section."""
+    boundary, flat = dict(d.get("boundary") or {}), {}
+    for old, new in FORMER_BOUNDARY_KEYS.items():
+        if old in boundary:
+            flat[new] = boundary.pop(old)
+    return {**d, "boundary": boundary, "flat": flat}

@@ -23,6 +23,7 @@ Per byte:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -110,17 +111,14 @@ def flat_flops(model: nn.Module, seq_len: int, token_rate: float | None = None) 
     return FlopCount(matmul + attn, matmul, attn, rate, 0, n)
 
 
+@functools.singledispatch
 def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None = None,
                             inner_rate: float | None = None) -> FlopCount:
-    """FLOPs per training byte of a built model. ``rate``: achieved chunks (or tokens) per byte;
-    default: the target rate (U-Net) or the tokenizer's measured rate (bpe-lm). ``inner_rate``:
-    a two-stage U-Net's achieved inner rate (default its target)."""
-    fam = getattr(model, "family", "unet")
-    if fam == "unet":
-        return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate, inner_rate)
-    if fam == "bpe-lm":
-        return flat_flops(model, cfg.model.seq_len, model.token_rate if rate is None else rate)
-    return flat_flops(model, cfg.model.seq_len)
+    """FLOPs per training byte of a built model. ``rate``: achieved chunks (or tokens) per byte,
+    default the target rate; ``inner_rate``: a two-stage U-Net's achieved inner rate (default its
+    target). The U-Net's count; a flat baseline registers its own for its model class
+    (rltok/flat/: the bytes LM ignores ``rate``, the token LM reads it as tokens per byte)."""
+    return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate, inner_rate)
 
 
 def reference_unet(cfg: RunConfig) -> nn.Module:

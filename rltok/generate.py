@@ -326,9 +326,9 @@ def generate(model: nn.Module, prompts: str | bytes | Sequence[str | bytes], max
       keep their last bytes. The continuation may run past the context: byte layers only see
       their window, but the main network then sees chunk positions it was not trained on.
     """
-    if getattr(model, "family", "unet") != "unet" or not hasattr(model, "boundary"):
-        raise RltokError(f"generation supports the U-Net methods; this model is of family "
-                         f"{getattr(model, 'family', type(model).__name__)!r}")
+    if not callable(getattr(model, "step", None)):
+        raise RltokError(f"generation supports the U-Net methods; this model is a {type(model).__name__} "
+                         f"(a flat baseline has no cached decoding)")
     if isinstance(prompts, (str, bytes)):
         prompts = [prompts]
     if len(prompts) == 0:

@@ -1,16 +1,17 @@
-"""Losses and scoring for each model family, kept beside (not inside) the models.
+"""Losses and scoring, kept beside (not inside) the models.
 
 * ``training_loss(model, batch, cfg)``: the scalar to minimise plus detached statistics.
   For the U-Net: lm_weight * CE + early_weight * CE_early + the boundary method's aux loss.
 * ``score(model, batch)``: per-position negative log-likelihoods (nats) and the boundaries used,
-  for evaluation of any family.
+  for evaluation of any model.
 
-A family (``model.family``) registers its two functions with :func:`register_family`; the U-Net
-family is below; flat baselines register theirs in their own modules.
+Both are chosen by the model's class (``functools.singledispatch``): the U-Net's are below and are
+the default; a flat baseline registers its own for its model class in its module (rltok/flat/).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -186,26 +187,16 @@ def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode
                        inner_boundaries=inner)
 
 
-# -- registry ------------------------------------------------------------------------------------
-
-_FAMILIES: dict[str, tuple[Callable[..., StepLoss], Callable[..., ScoreOutput]]] = {
-    "unet": (unet_training_loss, unet_score),
-}
-
-
-def register_family(name: str, loss_fn: Callable[..., StepLoss], score_fn: Callable[..., ScoreOutput]) -> None:
-    _FAMILIES[name] = (loss_fn, score_fn)
-
-
-def _family(model: nn.Module) -> str:
-    # a flat model's module registered its family when it was imported, before the model existed
-    return getattr(model, "family", "unet")
-
-
+@functools.singledispatch
 def training_loss(model: nn.Module, batch: Batch, cfg: RunConfig, **kw) -> StepLoss:
-    return _FAMILIES[_family(model)][0](model, batch, cfg, **kw)
+    """The training loss of ``model`` on ``batch`` (the U-Net's unless the model's class
+    registered its own: ``training_loss.register``)."""
+    return unet_training_loss(model, batch, cfg, **kw)
 
 
+@functools.singledispatch
 def score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample",
           boundaries: Tensor | None = None) -> ScoreOutput:
-    return _FAMILIES[_family(model)][1](model, batch, noise=noise, mode=mode, boundaries=boundaries)
+    """Per-position NLL of ``model`` on ``batch`` (the U-Net's unless the model's class
+    registered its own: ``score.register``)."""
+    return unet_score(model, batch, noise=noise, mode=mode, boundaries=boundaries)

@@ -1,8 +1,9 @@
 """Typed configuration: the dataclasses a run is described by, the token ids, and reading
 ``key=value`` overrides into them.
 
-A run is described by one :class:`RunConfig`: the boundary ``method`` and its own config dataclass
-(``boundary``), the U-Net shape (``model``), optimisation (``train``) and data (``data``).
+A run is described by one :class:`RunConfig`: the ``method`` and its own config dataclass
+(``boundary``), the U-Net shape (``model``), optimisation (``train``) and data (``data``); a flat
+baseline (``rltok/flat/``) adds its own shape and tokenizer options (``flat``).
 Keys are dotted (``boundary.gamma``) or bare when the bare name is unique (``gamma``).
 
 This module knows no method and no preset, so that every part of rltok can import it: resolving a
@@ -187,9 +188,16 @@ class RunConfig:
     boundary: BoundaryConfig = field(default_factory=BoundaryConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # a flat baseline's options (its method's ``MethodSpec.flat_cls``: rltok/flat/); None for a
+    # boundary method, whose config then has no flat section
+    flat: Any = None
+
+    def sections(self) -> tuple[str, ...]:
+        """The config's sections, in order (``flat`` only for a flat baseline)."""
+        return ("model", "boundary", "train", "data") + (("flat",) if self.flat is not None else ())
 
     def validate(self) -> "RunConfig":
-        for section in ("model", "boundary", "train", "data"):
+        for section in self.sections():
             _check_types(getattr(self, section), section)
         t = self.train
         if t.batch_bytes > 0:  # the global batch in bytes wins over batch_size
@@ -200,10 +208,15 @@ class RunConfig:
         self.boundary.validate()
         self.train.validate()
         self.data.validate()
+        if self.flat is not None:
+            self.flat.validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.flat is None:
+            del d["flat"]
+        return d
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -220,23 +233,25 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], boundary_cls: type[BoundaryConfig], strict: bool = False,
-                  format_version: int | None = None) -> "RunConfig":
+                  format_version: int | None = None, flat_cls: type | None = None) -> "RunConfig":
         """A config from its JSON form. ``strict`` (a run directory of format >= 1): unknown keys
         are refused and missing keys named, as ``--set`` refuses a typo, except keys added in a
         format newer than the run's ``format_version`` (``ADDED_KEYS``), which take their
         defaults. Otherwise unknown keys are ignored and missing ones take their defaults.
-        ``boundary_cls``: the method's config class (``rltok.config.run_config_from_dict`` looks
-        it up)."""
+        ``boundary_cls`` (and ``flat_cls``, a flat baseline's): the method's config classes
+        (``rltok.config.run_config_from_dict`` looks them up)."""
         method = d.get("method", "rl")
         _check(isinstance(method, str), f"method={method!r} must be a string")
         cfg = cls(method=method, preset=str(d.get("preset", "")), recipe=str(d.get("recipe", "")),
-                  boundary=boundary_cls())
+                  boundary=boundary_cls(), flat=flat_cls() if flat_cls is not None else None)
         unknown, missing = [], []
         if strict:
             top = {f.name for f in fields(cls)} | set(VERSION_KEYS)
             unknown += [k for k in d if k not in top]
-            missing += [k for k in ("method", "model", "boundary", "train", "data") if k not in d]
-        for section in ("model", "boundary", "train", "data"):
+            missing += [k for k in cfg.sections() if k not in d]
+            if d.get("flat") is not None and flat_cls is None:
+                unknown.append("flat")
+        for section in cfg.sections():
             obj = getattr(cfg, section)
             known = {f.name for f in fields(obj)}
             values = d.get(section) or {}
@@ -259,7 +274,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 7
+FORMAT_VERSION = 8
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -273,6 +288,9 @@ ADDED_KEYS: dict[str, int] = {
     "model.stages": 5, "model.inner_enc_layers": 5, "model.inner_dec_layers": 5,
     "boundary.inner_target_rate": 5, "boundary.rate_integral_gain": 6,
     "boundary.inner_baseline": 7,
+    # format 8 moved the flat baselines' options from boundary.* to flat.* (rltok.config migrates
+    # an older run's); match arrived in format 4 as boundary.match
+    "flat.match": 4,
 }
 
 
@@ -337,7 +355,7 @@ def _split_kv(s: str) -> tuple[str, str]:
 
 
 def config_keys(cfg: RunConfig) -> list[str]:
-    return [f"{sec}.{f.name}" for sec in ("model", "boundary", "train", "data")
+    return [f"{sec}.{f.name}" for sec in cfg.sections()
             for f in fields(getattr(cfg, sec))]
 
 

@@ -654,7 +654,7 @@ def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
         size = (f"model: {n / 1e6:.2f}M parameters ({fl.params_per_byte / 1e6:.2f}M matmul per byte, "
                 f"{fl.params_per_chunk / 1e6:.2f}M per chunk); {format_flops(fl.per_byte)} training "
                 f"FLOPs per byte at rate {fl.rate:.3g}")
-    except (AttributeError, TypeError):  # a model family without a FLOP count
+    except (AttributeError, TypeError):  # a model with no FLOP count registered
         size = f"model: {n / 1e6:.2f}M parameters"
     tr, va = splits.train, splits.val
     budget = (f"{cfg.train.max_steps} steps" if cfg.train.max_steps

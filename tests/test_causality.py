@@ -15,8 +15,8 @@ def _model(method, **over):
     cfg = build_config(method, "smoke", overrides={"model.seq_len": S, "model.window": 8, **over})
     torch.manual_seed(0)
     m = get_method(method).build(cfg, None)
-    if getattr(m, "family", "unet") != "unet":
-        pytest.skip(f"{method} is not a U-Net method")
+    if get_method(method).flat:
+        pytest.skip(f"{method} is a flat baseline")
     return m.eval()
 
 
@@ -31,7 +31,7 @@ def _patterns():
 
 
 def _unet_methods():
-    return [m for m in method_names() if m not in ("bytes", "bpe-lm")]
+    return [m for m in method_names() if not get_method(m).flat]
 
 
 @pytest.mark.parametrize("pattern", ["random", "all", "forced_only"])

@@ -93,7 +93,7 @@ def test_from_pretrained_reads_a_hub_repo_from_the_cache(smoke_runs, tmp_path):
 
 
 def test_from_pretrained_of_the_wrong_class_is_one_line(smoke_runs, tmp_path):
-    from rltok.model.flat import FlatLM
+    from rltok.flat import FlatLM
 
     out = rltok.load(smoke_runs["rl"]).save_pretrained(tmp_path / "export")
     with pytest.raises(RltokError, match="not a FlatLM"):

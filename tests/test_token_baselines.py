@@ -11,8 +11,10 @@ import torch
 from conftest import shared_file
 from rltok import bpe as bpe_lib
 from rltok.methods import get_method
-from rltok.boundaries.bpe import _BYTE_SYMBOL, BoundaryCache, bpe_boundaries_for_ids, encode_many
-from rltok.boundaries.bpe_lm import TokenLM, bpe_lm_score, to_tokens
+from rltok.boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids
+from rltok.bpe import _BYTE_SYMBOL, encode_many
+from rltok.flat import ByteLM, TokenLM
+from rltok.flat.token_lm import bpe_lm_score, to_tokens
 from rltok.schema import BOS
 from rltok.config import build_config
 from rltok.data.corpus import Corpus
@@ -20,7 +22,7 @@ from rltok.data.loader import document_batches
 from rltok.evaluate import evaluate_corpus
 from rltok.flops import (flat_flops, mean_causal_keys, reference_unet, reference_unet_params,
                          training_flops_per_byte, unet_flops)
-from rltok.model.flat import FlatLM, flat_params
+from rltok.flat.model import FlatLM, flat_params
 
 LN2 = math.log(2)
 
@@ -191,7 +193,7 @@ def test_token_lm_is_causal_over_tokens():
 
 
 def test_bpe_lm_matches_unet_flops(tmp_path, hello_tok):
-    cfg = build_config("bpe-lm", "tiny", overrides={"boundary.token_rate": 0.25})
+    cfg = build_config("bpe-lm", "tiny", overrides={"flat.token_rate": 0.25})
     bpe_lib.save_tokenizer(hello_tok, tmp_path / "tokenizer.json")
     with torch.device("meta"):
         model = get_method("bpe-lm").build(cfg, tmp_path)
@@ -204,12 +206,12 @@ def test_bpe_lm_matches_unet_flops(tmp_path, hello_tok):
 
 @pytest.mark.parametrize("preset", ["smoke", "tiny", "147M"])
 def test_bytes_model_matches_unet_params(preset):
-    cfg = build_config("bytes", preset, overrides={"boundary.match": "params"})
+    cfg = build_config("bytes", preset, overrides={"flat.match": "params"})
     with torch.device("meta"):
         model = get_method("bytes").build(cfg, None)
     n = sum(p.numel() for p in model.parameters())
     assert n == pytest.approx(reference_unet_params(cfg), rel=2e-3)
-    assert model.family == "bytes"
+    assert isinstance(model, ByteLM)
     assert model.window is None  # full attention: the presets' boundary.window is the rl policy's
 
 
@@ -283,7 +285,7 @@ def test_flat_flops_by_hand():
 def test_bpe_fit_documents_span_the_whole_split():
     """A split stored source by source (English pages, then German, ...) fits its BPE, and holds
     out the documents that pick the vocabulary size, from every source, not the first one."""
-    from rltok.boundaries.bpe import fit_docs
+    from rltok.bpe import fit_docs
     from rltok.data.corpus import Corpus
 
     docs = [b"en %d " % i * 20 for i in range(100)] + [b"de %d " % i * 20 for i in range(100)]

@@ -1,4 +1,4 @@
-"""Boundary methods, one module each; each registers its method (``base.register``).
+"""Boundary methods, one module each; each registers its method (``rltok.registry.register``).
 
 Adding a method: write a small module with a config dataclass (subclass of BoundaryConfig) and a
 BoundaryModule subclass, call ``register(MethodSpec(...))``, and import the module in
@@ -7,6 +7,7 @@ BoundaryModule subclass, call ``register(MethodSpec(...))``, and import the modu
 
 from __future__ import annotations
 
-from .base import BoundaryModule, BoundaryOutput, LossContext, MethodSpec, register
+from ..registry import MethodSpec, register
+from .base import BoundaryModule, BoundaryOutput, LossContext
 
 __all__ = ["BoundaryModule", "BoundaryOutput", "LossContext", "MethodSpec", "register"]

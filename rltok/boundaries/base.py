@@ -1,4 +1,4 @@
-"""The one interface every boundary method implements, and what a method registers.
+"""The one interface every boundary method implements (what it registers: ``rltok.registry``).
 
 A boundary method is a router, a small ``nn.Module`` that, given the encoder output ``h`` (and
 the input bytes, for rule-based methods), returns a :class:`BoundaryOutput`, plus the stage parts
@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from ..schema import BoundaryConfig, ModelConfig, RunConfig
+from ..schema import BoundaryConfig, ModelConfig
 from ..model.chunking import Chunks
 from ..model.dc import AddLatest, SelectLast
 
@@ -216,32 +215,6 @@ def where_rows(mask: Tensor, new: Any, old: Any) -> Any:
         return dataclasses.replace(new, **{f.name: where_rows(mask, getattr(new, f.name), getattr(old, f.name))
                                            for f in dataclasses.fields(new)})
     return new
-
-
-@dataclass
-class MethodSpec:
-    """A registered method: its config class, how to build its model, optional setup."""
-
-    name: str
-    config_cls: type[BoundaryConfig]
-    build: Callable[[RunConfig, Path | None], nn.Module]
-    description: str = ""
-    # defaults per preset that only this method needs, e.g. {"tiny": {"boundary.x": 1}}
-    preset_overrides: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # called once before training with (config, training corpus, run directory), e.g. to train
-    # a tokenizer and store it in the run directory
-    setup: Callable[..., None] | None = None
-    stages: int = 1  # the most U-Net stages its build supports (model.stages)
-
-
-_METHODS: dict[str, MethodSpec] = {}
-
-
-def register(spec: MethodSpec) -> MethodSpec:
-    """Add a method to the registry (``rltok.methods`` looks methods up, after importing every
-    method module)."""
-    _METHODS[spec.name] = spec
-    return spec
 
 
 def bernoulli_log_prob(b: Tensor, logits: Tensor) -> Tensor:

@@ -28,7 +28,8 @@ from torch import Tensor
 from ..schema import BOS, BoundaryConfig
 from ..model.chunking import decided_mask, force_ends, forced_mask
 from ..model.unet import unet_builder
-from .base import BoundaryModule, BoundaryOutput, BoundaryStep, MethodSpec, register
+from ..registry import MethodSpec, register
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep
 from ..errors import RltokError
 from ..objectives import whitespace_mask
 

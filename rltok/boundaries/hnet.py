@@ -47,7 +47,8 @@ from ..errors import RltokError
 from ..model.chunking import decided_mask, force_ends
 from ..model.dc import P_MIN, EMASmooth, ema_loop, ema_scan  # noqa: F401  (ema_*, P_MIN re-exported)
 from ..model.unet import unet_builder
-from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
+from ..registry import MethodSpec, register
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext
 
 
 

@@ -34,7 +34,8 @@ from ..errors import RltokError
 from ..model.chunking import forced_mask
 from ..model.dc import MeanPool, straight_through_pool_weights  # noqa: F401  (re-exported)
 from ..model.unet import unet_builder
-from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec, register
+from ..registry import MethodSpec, register
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext
 
 _EPS = 1e-6  # keeps the logistic noise finite for u in {0, 1}
 

@@ -28,8 +28,8 @@ from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends
 from ..model.dc import MeanPool
 from ..model.unet import ByteUNet, unet_builder
-from .base import (BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, MethodSpec,
-                   bernoulli_entropy, bernoulli_log_prob, register)
+from ..registry import MethodSpec, register
+from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, bernoulli_entropy, bernoulli_log_prob
 from ..flops import unet_flops
 from ..model.stage import ChunkStage
 from ..objectives import whitespace_mask

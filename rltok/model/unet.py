@@ -44,8 +44,6 @@ class UNetOutput:
 
 
 class ByteUNet(nn.Module, HubMixin):
-    family = "unet"
-
     def __init__(self, cfg: ModelConfig, boundary: BoundaryModule, inner: ChunkStage | None = None):
         """``inner``: the second stage of a two-stage U-Net (model.stages=2), which then takes
         the main network's place."""

@@ -1,5 +1,5 @@
 """``bytes``: a flat byte-level Transformer, no hierarchy, at the U-Net's training FLOPs per byte
-(``boundary.match=flops``, the default) or at its parameter count (``match=params``).
+(``flat.match=flops``, the default) or at its parameter count (``flat.match=params``).
 
 Every layer runs on every byte (full causal attention by default), so at equal parameters it
 spends several times the U-Net's FLOPs per byte (2.1x at the tiny preset): the cost the hierarchy
@@ -11,52 +11,29 @@ adjusted to close the gap). The choice is written into the run's config at setup
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from ..flops import (ATTN_FLOPS_PER_KEY_DIM, FlopCount, flat_flops, mean_causal_keys, reference_unet_flops,
+                     reference_unet_params, solve_hidden, training_flops_per_byte)
+from ..objectives import LN2, ScoreOutput, StepLoss, per_position_ce, score, training_loss
+from ..registry import MethodSpec, register
 from ..schema import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
-from ..errors import RltokError
-from ..model.flat import FlatLM, flat_params
-from .base import MethodSpec, register
-from ..flops import ATTN_FLOPS_PER_KEY_DIM, mean_causal_keys, reference_unet_flops, reference_unet_params, solve_hidden
-from ..objectives import LN2, ScoreOutput, StepLoss, per_position_ce, register_family
-
-
-@dataclass
-class BytesConfig(BoundaryConfig):
-    n_layers: int = 0  # 0: chosen to match the U-Net's parameter count
-    mlp_hidden: int = 0  # 0: chosen (with n_layers) to match the parameter count exactly
-    # attention window in bytes; 0 = full causal attention. (Not named ``window``: presets set
-    # boundary.window for the rl policy, and that must not reach this model.)
-    attn_window: int = 0
-    # flops: the reference U-Net's training FLOPs per byte (at target_rate); params: its parameters
-    match: str = "flops"
-
-    def validate(self) -> None:
-        super().validate()
-        if self.match not in ("flops", "params"):
-            raise RltokError(f"boundary.match={self.match!r} must be flops or params")
-        for k in ("n_layers", "mlp_hidden", "attn_window"):
-            if getattr(self, k) < 0:
-                raise RltokError(f"boundary.{k} must be >= 0")
-
-
-class ByteLM(FlatLM):
-    family = "bytes"
+from .config import BytesLMConfig
+from .model import ByteLM, flat_params
 
 
 def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:
     """(layers, MLP width) so the flat model has the reference U-Net's training FLOPs per byte
     (``match=flops``) or parameter count (``match=params``)."""
 
-    bc, d = cfg.boundary, cfg.model.d_model
+    bc, d = cfg.flat, cfg.model.d_model
     if bc.match == "flops":
         target = reference_unet_flops(cfg).per_byte
         head = 6 * d * N_OUTPUT_IDS
-        attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(cfg.model.seq_len, bc.attn_window or None)
+        attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(cfg.model.seq_len, bc.window or None)
         per_layer_4d = 6 * (4 * d * d + 3 * d * 4 * d) + attn
         layers = bc.n_layers or max(1, round((target - head) / per_layer_4d))
         if bc.mlp_hidden:
@@ -76,14 +53,15 @@ def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
     layers, hidden = size_bytes_model(cfg)
     m = cfg.model
     return ByteLM(N_INPUT_IDS, N_OUTPUT_IDS, m.d_model, m.n_heads, layers, hidden,
-                  cfg.boundary.attn_window or None, m.rope_theta, m.norm_eps)
+                  cfg.flat.window or None, m.rope_theta, m.norm_eps)
 
 
 def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
-    cfg.boundary.n_layers, cfg.boundary.mlp_hidden = size_bytes_model(cfg)  # recorded in config.json
+    cfg.flat.n_layers, cfg.flat.mlp_hidden = size_bytes_model(cfg)  # recorded in config.json
 
 
-def bytes_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
+@training_loss.register
+def bytes_training_loss(model: ByteLM, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
     logits = (forward or model)(batch.ids)
     ce = per_position_ce(logits, batch.targets)
     n = (batch.targets >= 0).sum().clamp(min=1)
@@ -91,20 +69,22 @@ def bytes_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None
     return StepLoss(loss=cfg.boundary.lm_weight * lm, stats={"lm_loss": lm.detach(), "bpb": lm.detach() / LN2})
 
 
+@score.register
 @torch.no_grad()
-def bytes_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
+def bytes_score(model: ByteLM, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
     return ScoreOutput(nll=per_position_ce(model(batch.ids), batch.targets))
 
 
-def _register() -> None:
-    register_family("bytes", bytes_training_loss, bytes_score)
+@training_flops_per_byte.register
+def bytes_flops(model: ByteLM, cfg: RunConfig, rate: float | None = None, inner_rate: float | None = None) -> FlopCount:
+    """Every layer on every byte: no rate enters (``rate`` is ignored)."""
+    return flat_flops(model, cfg.model.seq_len)
 
-
-_register()
 
 register(MethodSpec(
     name="bytes",
-    config_cls=BytesConfig,
+    config_cls=BoundaryConfig,
+    flat_cls=BytesLMConfig,
     build=_build,
     setup=_setup,
     description="flat byte-level Transformer, no hierarchy, at the U-Net's training FLOPs per byte (or parameters)",

@@ -2,7 +2,8 @@
 
 Same blocks as the U-Net (``layers.Block``: pre-norm, RoPE, GeGLU), full causal attention (or a
 sliding window) over one sequence of ids, one output head. Pure ``nn.Module``s: the conversion of
-byte batches to token batches and the losses live in the method modules.
+byte batches to token batches, the losses and the FLOP counts live in the method modules
+(``bytes_lm``, ``token_lm``), registered for these classes.
 """
 
 from __future__ import annotations
@@ -10,13 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .hub_mixin import HubMixin
-from .layers import Block, RMSNorm, rope_angles
+from ..model.hub_mixin import HubMixin
+from ..model.layers import Block, RMSNorm, rope_angles
 
 
 class FlatLM(nn.Module, HubMixin):
-    family = "flat"
-
     def __init__(self, n_inputs: int, n_outputs: int, d_model: int, n_heads: int, n_layers: int,
                  mlp_hidden: int, window: int | None = None, rope_theta: float = 10000.0,
                  norm_eps: float = 1e-6):
@@ -40,6 +39,26 @@ class FlatLM(nn.Module, HubMixin):
         """(matmul parameters applied per byte, per token/chunk); subclasses say which."""
         n = sum(p.numel() for m in (*self.blocks, self.head) for _, p in m.named_parameters() if p.dim() >= 2)
         return n, 0
+
+
+class ByteLM(FlatLM):
+    """The ``bytes`` baseline: a FlatLM over byte ids."""
+
+
+class TokenLM(FlatLM):
+    """Flat LM over token ids 0..V-1 plus BOS = V (input and output) and PAD = V+1 (input)."""
+
+    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, mlp_hidden: int,
+                 token_rate: float, tokenizer=None, rope_theta: float = 10000.0, norm_eps: float = 1e-6):
+        super().__init__(vocab + 2, vocab + 1, d_model, n_heads, n_layers, mlp_hidden, None, rope_theta, norm_eps)
+        self.vocab = vocab
+        self.bos_id, self.pad_id = vocab, vocab + 1
+        self.token_rate = token_rate
+        self.tokenizer = tokenizer
+
+    def param_groups_for_flops(self) -> tuple[int, int]:
+        n, _ = super().param_groups_for_flops()
+        return 0, n  # every matmul runs once per token
 
 
 def flat_params(n_inputs: int, n_outputs: int, d: int, n_layers: int, mlp_hidden: int) -> int:

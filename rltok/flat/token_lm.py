@@ -2,8 +2,9 @@
 in bits per byte. The comparison the paper lacks: a tokenizer-first model trained on the same
 bytes in the same order.
 
-Tokenizer: as for ``bpe`` guidance (a byte-level BPE fitted on the training split to the target
-rate, or ``boundary.tokenizer``), stored in RUN/tokenizer.json. Width: the U-Net's d_model; depth
+Tokenizer: as for ``bpe`` guidance (a byte-level BPE fitted on the training split to
+``boundary.target_rate``, or ``flat.tokenizer``, or ``flat.vocab_size`` tokens), stored in
+RUN/tokenizer.json. Width: the U-Net's d_model; depth
 and MLP width are chosen at setup so that the training FLOPs per byte, counted by ``rltok.flops``
 at the tokenizer's measured tokens-per-byte (vocabulary head included), equal the U-Net's at r*
 (``size_bpe_lm``). The choice and the measured rate are written into the run's config.
@@ -37,50 +38,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..schema import BOS, PAD, RunConfig
+from ..bpe import encode_many, load_run_tokenizer, prepare_tokenizer
 from ..errors import RltokError
-from ..model.flat import FlatLM
-from .base import MethodSpec, register
-from .bpe import BpeConfig, encode_many, load_run_tokenizer, prepare_tokenizer
-from ..flops import ATTN_FLOPS_PER_KEY_DIM, flat_flops, mean_causal_keys, reference_unet_flops, solve_hidden
-from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_position_ce, register_family
+from ..flops import (ATTN_FLOPS_PER_KEY_DIM, FlopCount, flat_flops, mean_causal_keys, reference_unet_flops,
+                     solve_hidden, training_flops_per_byte)
+from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_position_ce, score, training_loss
+from ..registry import MethodSpec, register
+from ..schema import BOS, PAD, BoundaryConfig, RunConfig
+from .config import TokenLMConfig
+from .model import TokenLM
 
 _PLACEHOLDER_VOCAB = 512  # vocabulary of an untrained model built without a tokenizer
 
 
-@dataclass
-class BpeLMConfig(BpeConfig):
-    n_layers: int = 0  # 0: chosen to match the U-Net's training FLOPs per byte
-    mlp_hidden: int = 0  # 0: chosen (with n_layers) to match them exactly
-    token_rate: float = 0.0  # tokens per byte of the tokenizer (measured at setup); 0: target_rate
-
-    def validate(self) -> None:
-        super().validate()
-        if self.n_layers < 0 or self.mlp_hidden < 0 or self.token_rate < 0:
-            raise RltokError("boundary.n_layers, mlp_hidden and token_rate must be >= 0")
-
-
-class TokenLM(FlatLM):
-    """Flat LM over token ids 0..V-1 plus BOS = V (input and output) and PAD = V+1 (input)."""
-
-    family = "bpe-lm"
-
-    def __init__(self, vocab: int, d_model: int, n_heads: int, n_layers: int, mlp_hidden: int,
-                 token_rate: float, tokenizer=None, rope_theta: float = 10000.0, norm_eps: float = 1e-6):
-        super().__init__(vocab + 2, vocab + 1, d_model, n_heads, n_layers, mlp_hidden, None, rope_theta, norm_eps)
-        self.vocab = vocab
-        self.bos_id, self.pad_id = vocab, vocab + 1
-        self.token_rate = token_rate
-        self.tokenizer = tokenizer
-
-    def param_groups_for_flops(self) -> tuple[int, int]:
-        n, _ = super().param_groups_for_flops()
-        return 0, n  # every matmul runs once per token
-
-
 def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int]:
     """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
-    bc, d, S = cfg.boundary, cfg.model.d_model, cfg.model.seq_len
+    bc, d, S = cfg.flat, cfg.model.d_model, cfg.model.seq_len
     target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
     head = 6 * d * (vocab + 1)
     attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(token_rate * S)
@@ -93,12 +66,12 @@ def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int
 
 
 def _vocab_and_rate(cfg: RunConfig, tok) -> tuple[int, float]:
-    vocab = tok.get_vocab_size() if tok is not None else (cfg.boundary.vocab_size or _PLACEHOLDER_VOCAB)
-    return vocab, cfg.boundary.token_rate or cfg.boundary.target_rate
+    vocab = tok.get_vocab_size() if tok is not None else (cfg.flat.vocab_size or _PLACEHOLDER_VOCAB)
+    return vocab, cfg.flat.token_rate or cfg.boundary.target_rate
 
 
 def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
-    tok = load_run_tokenizer(cfg, run_dir)
+    tok = load_run_tokenizer(cfg.flat, run_dir)
     vocab, rate = _vocab_and_rate(cfg, tok)
     layers, hidden = size_bpe_lm(cfg, vocab, rate)
     m = cfg.model
@@ -106,8 +79,8 @@ def _build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
 
 
 def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
-    info = prepare_tokenizer(cfg, train_corpus, run_dir, "bpe-lm")
-    bc = cfg.boundary
+    info = prepare_tokenizer(cfg.flat, cfg.boundary.target_rate, train_corpus, run_dir, "bpe-lm")
+    bc = cfg.flat
     bc.token_rate = float(info["rate"])
     bc.n_layers, bc.mlp_hidden = size_bpe_lm(cfg, int(info["vocab_size"]), bc.token_rate)
     with torch.device("meta"):
@@ -141,7 +114,7 @@ def _stream(ids_row: np.ndarray, tgt_row: np.ndarray) -> np.ndarray:
 def to_tokens(model: TokenLM, ids: Tensor, targets: Tensor) -> TokenBatch:
     if model.tokenizer is None:
         raise RltokError("bpe-lm: the model has no tokenizer (train the run with `rltok train "
-                         "--method bpe-lm`, or set boundary.tokenizer)")
+                         "--method bpe-lm`, or set flat.tokenizer)")
     ids_np, tgt_np = ids.cpu().numpy(), targets.cpu().numpy()
     B, S = ids_np.shape
     streams = [_stream(ids_np[r], tgt_np[r]) for r in range(B)]
@@ -201,7 +174,8 @@ def _token_nll(model: TokenLM, fwd, tb: TokenBatch) -> Tensor:
     return per_position_ce(fwd(tb.inputs), tb.targets)
 
 
-def bpe_lm_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
+@training_loss.register
+def bpe_lm_training_loss(model: TokenLM, batch, cfg, reduce_mean=None, all_reduce_sum=None, forward=None):
     tb = to_tokens(model, batch.ids, batch.targets)
     ce = _token_nll(model, forward or model, tb)
     has = tb.targets >= 0
@@ -215,8 +189,9 @@ def bpe_lm_training_loss(model, batch, cfg, reduce_mean=None, all_reduce_sum=Non
     return StepLoss(loss=cfg.boundary.lm_weight * lm, stats=stats)
 
 
+@score.register
 @torch.no_grad()
-def bpe_lm_score(model, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
+def bpe_lm_score(model: TokenLM, batch, noise: Tensor | None = None, mode: str = "sample", boundaries=None):
     tb = to_tokens(model, batch.ids, batch.targets)
     ce = _token_nll(model, model, tb)
     has = tb.targets >= 0
@@ -226,15 +201,16 @@ def bpe_lm_score(model, batch, noise: Tensor | None = None, mode: str = "sample"
     return ScoreOutput(nll=nll, boundaries=tb.boundaries)
 
 
-def _register() -> None:
-    register_family("bpe-lm", bpe_lm_training_loss, bpe_lm_score)
+@training_flops_per_byte.register
+def bpe_lm_flops(model: TokenLM, cfg: RunConfig, rate: float | None = None, inner_rate: float | None = None) -> FlopCount:
+    """Per byte at ``rate`` tokens per byte (default: the tokenizer's measured rate)."""
+    return flat_flops(model, cfg.model.seq_len, model.token_rate if rate is None else rate)
 
-
-_register()
 
 register(MethodSpec(
     name="bpe-lm",
-    config_cls=BpeLMConfig,
+    config_cls=BoundaryConfig,
+    flat_cls=TokenLMConfig,
     build=_build,
     setup=_setup,
     description="Transformer LM over BPE tokens at the U-Net's training FLOPs, scored in bits per byte",

@@ -1,0 +1,63 @@
+"""The flat baselines' own options: the ``flat.*`` section of a run's config.
+
+A flat baseline has no boundaries; its ``boundary`` section is the base BoundaryConfig of the
+U-Net it is matched to (``boundary.target_rate``: the rate at which that U-Net's FLOPs, and the
+token LM's BPE, are fitted). Its shape is here, not under ``boundary.*``: depth and MLP width (0 =
+chosen at setup to match the U-Net, and then written into the run's config) and, per model, the
+attention window or the tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import RltokError
+
+
+@dataclass
+class FlatConfig:
+    n_layers: int = 0  # 0: chosen at setup to match the reference U-Net
+    mlp_hidden: int = 0  # 0: chosen (with n_layers) to match it exactly
+
+    def validate(self) -> None:
+        for k in ("n_layers", "mlp_hidden"):
+            if getattr(self, k) < 0:
+                raise RltokError(f"flat.{k}={getattr(self, k)} must be >= 0")
+
+
+@dataclass
+class BytesLMConfig(FlatConfig):
+    # flops: the reference U-Net's training FLOPs per byte (at boundary.target_rate); params: its
+    # parameter count
+    match: str = "flops"
+    window: int = 0  # attention window in bytes; 0 = full causal attention
+
+    def validate(self) -> None:
+        super().validate()
+        if self.match not in ("flops", "params"):
+            raise RltokError(f"flat.match={self.match!r} must be flops or params")
+        if self.window < 0:
+            raise RltokError(f"flat.window={self.window} must be >= 0")
+
+
+@dataclass
+class TokenLMConfig(FlatConfig):
+    tokenizer: str = ""  # a tokenizers JSON to use instead of fitting one (copied into the run)
+    vocab_size: int = 0  # > 0: train exactly this vocabulary size; 0: fit it to boundary.target_rate
+    fit_bytes: int = 20_000_000  # training bytes (first documents of the split) used to fit the BPE
+    token_rate: float = 0.0  # tokens per byte of the tokenizer (measured at setup); 0: target_rate
+
+    def validate(self) -> None:
+        super().validate()
+        if self.vocab_size < 0 or (0 < self.vocab_size < 260):
+            raise RltokError(f"flat.vocab_size={self.vocab_size} must be 0 (fit to the rate) or >= 260")
+        if self.fit_bytes < 1:
+            raise RltokError("flat.fit_bytes must be >= 1")
+        if self.token_rate < 0:
+            raise RltokError(f"flat.token_rate={self.token_rate} must be >= 0")
+
+
+# keys a flat baseline kept under boundary.* up to format 7, and their names here
+FORMER_BOUNDARY_KEYS = {"n_layers": "n_layers", "mlp_hidden": "mlp_hidden", "attn_window": "window",
+                        "match": "match", "tokenizer": "tokenizer", "vocab_size": "vocab_size",
+                        "fit_bytes": "fit_bytes", "token_rate": "token_rate"}
