@@ -29,7 +29,7 @@ What is matched:
   the fit runs out of merges at a ~103k vocabulary and 0.27 tokens per byte, so bpe is off r*
   (marked), and ``rl-bpe-rate`` (rl trained at the BPE's rate) is its rate-matched partner;
 * compute: the U-Nets differ only in their boundary module; ``bytes`` is sized to the U-Net's
-  training FLOPs per byte (``boundary.match=flops``), bpe-lm likewise (8,192 tokens, 5 layers);
+  training FLOPs per byte (``flat.match=flops``), bpe-lm likewise (8,192 tokens, 5 layers);
   ``bytes-params`` is the parameter-matched flat model, labelled so.
 
 Evaluation sets (every cell, same documents, same boundary draws):
@@ -82,10 +82,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "nawrot": ("nawrot", []),
     "hnet": ("hnet", ["boundary.rate_control=threshold"]),
     "bytes": ("bytes", []),  # FLOP-matched
-    "bytes-params": ("bytes", ["boundary.match=params"]),  # parameter-matched (2.1x the FLOPs)
+    "bytes-params": ("bytes", ["flat.match=params"]),  # parameter-matched (2.1x the FLOPs)
     # a BPE-token LM: 8,192 tokens (0.33 tokens per byte), so its vocabulary head leaves room for
     # 5 layers at the U-Net's FLOPs per byte (the r*-fitted BPE's 100k-token head alone costs 3x them)
-    "bpe-lm": ("bpe-lm", ["boundary.vocab_size=8192"]),
+    "bpe-lm": ("bpe-lm", ["flat.vocab_size=8192"]),
     # rl at the rate the shared BPE reaches (it cannot reach 0.2 on this corpus): the rate-matched
     # partner of bpe (its FLOPs are those of that rate, so it is marked against rl's)
     "rl-bpe-rate": ("rl", ["boundary.target_rate=BPE_RATE", HOLD]),
@@ -203,9 +203,9 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     from rltok.analysis import boundary_stats, stage_stats
     from rltok.bpe import load_tokenizer
     from rltok.compare import training_record
-    from rltok.evaluate import evaluate_corpus
-
     from rltok.data import load_splits
+    from rltok.evaluate import evaluate_corpus
+    from rltok.flat import ByteLM
 
     model = rltok.load(run)
     cfg = model.run_config
@@ -223,7 +223,7 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     # boundary statistics on the first 64 test documents, against the shared BPE
     test = splits.test
     docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
-    if getattr(model, "family", "unet") != "bytes":
+    if not isinstance(model, ByteLM):  # every model but the flat byte LM has boundaries (or tokens)
         st = boundary_stats(model, docs, load_tokenizer(tokenizer), dtype=cfg.train.dtype)
         rec["boundary_stats"] = st.to_dict()
         if getattr(model, "inner", None) is not None:  # what each level cuts at
@@ -307,23 +307,28 @@ def summarize(cells: list[dict]) -> dict:
     for rung, tags in by.items():
         rl = tags.get("rl")
         rl_flops = float(np.mean([c["flops_per_byte"] for c in rl])) if rl else float("nan")
-        uni = {c["seed"]: c for c in tags.get("uniform", [])}
+        refs = {name: {c["seed"]: c for c in tags.get(name, [])} for name in ("uniform", "rl")}
         for tag, cs in tags.items():
             s: dict = {"method": cs[0]["method"], "seeds": sorted(c["seed"] for c in cs)}
             for ev in EVAL_SETS:
                 v = [c[ev]["bpb"] for c in cs]
                 s[f"{ev}_bpb"] = {"mean": float(np.mean(v)), "se_seeds": _se(v), "per_seed": v}
-                # seed-level paired difference vs uniform of the same seed (mean over documents)
-                d = [c[ev]["bpb"] - uni[c["seed"]][ev]["bpb"] for c in cs if c["seed"] in uni]
-                if d and tag != "uniform":
-                    s[f"{ev}_delta_vs_uniform"] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
+                for name, ref in refs.items():
+                    # seed-level paired difference vs the reference's run of the same seed (mean
+                    # over documents)
+                    d = [c[ev]["bpb"] - ref[c["seed"]][ev]["bpb"] for c in cs if c["seed"] in ref]
+                    if not d or tag == name:
+                        continue
+                    key = f"{ev}_delta_vs_{name}"
+                    s[key] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
                     # per document (each document's difference averaged over the shared seeds):
                     # resolves smaller differences, but measures the documents, not the training runs
-                    per = [np.subtract(c[ev]["per_doc_bpb"], uni[c["seed"]][ev]["per_doc_bpb"])
-                           for c in cs if c["seed"] in uni and "per_doc_bpb" in c[ev]]
+                    per = [np.subtract(c[ev]["per_doc_bpb"], ref[c["seed"]][ev]["per_doc_bpb"])
+                           for c in cs if c["seed"] in ref and "per_doc_bpb" in c[ev]]
                     if per and len({len(x) for x in per}) == 1:
                         dd = np.mean(per, axis=0)
-                        s[f"{ev}_delta_vs_uniform"].update(mean_docs=float(dd.mean()), se_docs=_se(dd), docs=len(dd))
+                        s[key].update(mean_docs=float(dd.mean()), se_docs=_se(dd), docs=len(dd))
+            s["rate_per_seed"] = [c.get("rate") for c in cs]
             for k in ("rate", "train_rate", "train_rate_late", "flops_per_byte", "params", "epochs"):
                 vals = [c.get(k) for c in cs if c.get(k) is not None]
                 s[k] = float(np.mean(vals)) if vals else float("nan")
@@ -336,8 +341,16 @@ def summarize(cells: list[dict]) -> dict:
             if s["method"] in ("rl", "uniform", "nawrot", "hnet", "bpe", "stride"):
                 s["target_rate"] = float(np.mean([c.get("target_rate", TARGET_RATE) for c in cs]))
                 s["rate_matched"] = holds_rate(s["rate"], s["train_rate_late"], s["target_rate"])
+                # the mean over seeds can hold r* while single seeds do not (a content-adaptive
+                # rate on the test documents): said separately
+                s["rate_matched_every_seed"] = all(
+                    holds_rate(_num(c.get("rate")), _num(c.get("train_rate_late")), s["target_rate"]) for c in cs)
             out.setdefault(rung, {})[tag] = s
     return out
+
+
+def _num(x) -> float:
+    return float(x) if isinstance(x, (int, float)) else float("nan")
 
 
 def _pm(d: dict, nd=4) -> str:
@@ -350,26 +363,35 @@ def tables(summary: dict) -> str:
     order = list(VARIANTS) + list(ABLATIONS)
     for rung in sorted(summary, key=lambda r: RUNGS[r]):
         lines += [f"### {rung} bytes per run", "",
-                  "| method | seeds | test bpb | Δ vs uniform (test) | C4 bpb | Δ vs uniform (C4) | WikiText-2 bpb "
-                  "| rate | train rate (2nd half) | FLOPs/byte vs rl | ws recall | word-start recall | epochs |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| method | seeds | test bpb | Δ vs uniform (test) | Δ vs rl (test) | C4 bpb | Δ vs uniform (C4) "
+                  "| Δ vs rl (C4) | WikiText-2 bpb | Δ vs rl (WikiText-2) | rate (seeds) | train rate (2nd half) "
+                  "| FLOPs/byte vs rl | ws recall | word-start recall | epochs |",
+                  "|" + "---|" * 16]
         for tag in [t for t in order if t in summary[rung]]:
             s = summary[rung][tag]
-            rate_mark = " *" if s.get("rate_matched") is False else ""
+            rate_mark = " *" if s.get("rate_matched") is False else (
+                " °" if s.get("rate_matched_every_seed") is False else "")
             flop_mark = "" if s["flop_matched"] else " †"
-            dt = s.get("test_delta_vs_uniform")
-            dc = s.get("c4_delta_vs_uniform")
+            seeds_rate = [r for r in s.get("rate_per_seed", []) if r is not None and math.isfinite(r)]
+            rate = f"{s['rate']:.3f}" + (f" ({min(seeds_rate):.3f}–{max(seeds_rate):.3f})" if len(seeds_rate) > 1 else "")
+
+            def d(key):
+                return _pm(s[key], 3) if key in s else "—"
+
             lines.append(
-                f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {_pm(dt) if dt else '—'} | {_pm(s['c4_bpb'])} "
-                f"| {_pm(dc) if dc else '—'} | {_pm(s['wikitext_bpb'])} | {s['rate']:.3f}{rate_mark} "
+                f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {d('test_delta_vs_uniform')} "
+                f"| {d('test_delta_vs_rl')} | {_pm(s['c4_bpb'])} | {d('c4_delta_vs_uniform')} | {d('c4_delta_vs_rl')} "
+                f"| {_pm(s['wikitext_bpb'])} | {d('wikitext_delta_vs_rl')} | {rate}{rate_mark} "
                 f"| {s['train_rate_late']:.3f} | {s['flops_vs_rl']:.2f}{flop_mark} | {s['whitespace_recall']:.3f} "
                 f"| {s['word_start_recall']:.3f} | {s['epochs']:.2f} |")
         lines.append("")
     lines += ["bpb: mean over seeds ± SE over seeds (each seed's value is its mean over documents). "
               "Δ vs uniform: per seed, the method's bpb minus uniform's of the same seed on the same "
-              "documents; mean ± SE over seeds. * rate more than 0.01 off r* = 0.2 at evaluation or over "
-              "the second half of training (for methods steered or fitted to it). † training FLOPs per byte "
-              "more than 3% from rl's."]
+              "documents; mean ± SE over seeds; Δ vs rl likewise against rl. rate: mean over seeds at "
+              "evaluation (the test documents), with the seeds' range. * the mean rate more than 0.01 off "
+              "r* = 0.2 at evaluation or over the second half of training (for methods steered or fitted "
+              "to it); ° the mean holds r* but some seed's does not. † training FLOPs per byte more than "
+              "3% from rl's."]
     return "\n".join(lines)
 
 
@@ -398,6 +420,13 @@ def plot(summary: dict, out: Path) -> None:
         if d:
             a2.errorbar([x for x, _ in d], [v["mean"] for _, v in d], yerr=np.nan_to_num([v["se_seeds"] for _, v in d]),
                         marker=marker[tag], capsize=2, label=tag, color=color[tag])
+        # a rung still short of its three seeds: hollow markers (no seed-level error bar yet)
+        part = [r for r in rungs if tag in summary[r] and len(summary[r][tag]["seeds"]) < len(SEEDS)]
+        a1.scatter([RUNGS[r] for r in part], [summary[r][tag]["test_bpb"]["mean"] for r in part],
+                   marker=marker[tag], facecolors="white", edgecolors=color[tag], zorder=3)
+        part = [r for r in part if "test_delta_vs_uniform" in summary[r][tag]]
+        a2.scatter([RUNGS[r] for r in part], [summary[r][tag]["test_delta_vs_uniform"]["mean"] for r in part],
+                   marker=marker[tag], facecolors="white", edgecolors=color[tag], zorder=3)
     for a in (a1, a2):
         a.set_xscale("log", base=2)
         a.set_xlabel("training bytes per run")
@@ -405,7 +434,7 @@ def plot(summary: dict, out: Path) -> None:
     a1.set_ylabel("test bits/byte (English, first seq_len bytes per document)")
     a2.set_ylabel("Δ bits/byte vs uniform (same seed, same documents)")
     a2.axhline(0, color="#333", lw=0.8)
-    a1.set_title("bits/byte against training bytes (mean ± SE over seeds)", fontsize=10)
+    a1.set_title("bits/byte against training bytes (mean ± SE over seeds; hollow: < 3 seeds so far)", fontsize=10)
     a2.set_title("difference from uniform boundaries", fontsize=10)
     a1.legend(fontsize=7, ncol=2)
     fig.tight_layout()
