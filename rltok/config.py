@@ -20,7 +20,7 @@ from .errors import RltokError
 from .flat.config import FORMER_BOUNDARY_KEYS
 from .methods import get_method
 from .schema import *  # noqa: F401,F403  (the public names of the typed configuration)
-from .schema import FORMAT_VERSION, RunConfig, _apply, _check, apply_overrides
+from .schema import FORMAT_VERSION, ChunkerConfig, DechunkerConfig, RunConfig, _apply, _check, apply_overrides
 from .presets import PRESETS, RECIPE_TARGETS, RECIPES  # noqa: F401  (re-exported)
 
 
@@ -37,8 +37,9 @@ def build_config(method: str | None = "rl", preset: str | None = "tiny", recipe:
     spec = get_method(method)
     if preset not in PRESETS:
         raise RltokError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
-    cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls(),
-                    flat=spec.flat_cls() if spec.flat else None)
+    cfg = RunConfig(method=method, preset=preset, recipe=recipe, boundary=spec.config_cls())
+    if spec.flat:  # a flat baseline: its own options, and no stage parts
+        cfg.flat, cfg.chunker, cfg.dechunker = spec.flat_cls(), None, None
     # presets hold model, train and data keys only, which every method has: applied strictly
     for key, value in PRESETS[preset].items():
         _apply(cfg, key, value, strict=True)
@@ -68,17 +69,25 @@ def run_config_from_dict(d: dict[str, Any], strict: bool = False, format_version
     method = d.get("method", "rl")
     _check(isinstance(method, str), f"method={method!r} must be a string")
     spec = get_method(method)
-    if spec.flat and "flat" not in d and (FORMAT_VERSION if format_version is None else format_version) < 8:
-        d = _flat_from_boundary(d)
+    if (FORMAT_VERSION if format_version is None else format_version) < 8:
+        d = _format_8_sections(d, spec.flat)
     return RunConfig.from_dict(d, spec.config_cls, strict=strict, format_version=format_version,
                                flat_cls=spec.flat_cls)
 
 
-def _flat_from_boundary(d: dict[str, Any]) -> dict[str, Any]:
-    """Up to format 7 a flat baseline kept its options under boundary.* (its window as
-    ``attn_window``): move them to the flat section."""
-    boundary, flat = dict(d.get("boundary") or {}), {}
-    for old, new in FORMER_BOUNDARY_KEYS.items():
-        if old in boundary:
-            flat[new] = boundary.pop(old)
-    return {**d, "boundary": boundary, "flat": flat}
+def _format_8_sections(d: dict[str, Any], flat: bool) -> dict[str, Any]:
+    """Up to format 7 every option lived under boundary.*: a flat baseline's own (its window as
+    ``attn_window``) move to the flat section, the stage parts' (upsample, pool, scan_block) to
+    chunker and dechunker, which take their defaults where a run had no such key (its method
+    had no such option: the defaults are what it did). A flat baseline has no parts."""
+    boundary = dict(d.get("boundary") or {})
+    if not isinstance(d.get("boundary", {}), dict):
+        return d  # from_dict names the error
+    pool = boundary.pop("pool", ChunkerConfig.pool)
+    parts = {"chunker": {"pool": "" if pool == "last" else pool},  # last was rl's own
+             "dechunker": {"upsample": boundary.pop("upsample", DechunkerConfig.upsample),
+                           "scan_block": boundary.pop("scan_block", DechunkerConfig.scan_block)}}
+    if not flat:
+        return {**parts, **d, "boundary": boundary}
+    moved = {new: boundary.pop(old) for old, new in FORMER_BOUNDARY_KEYS.items() if old in boundary}
+    return {"flat": moved, **d, "boundary": boundary}

@@ -85,16 +85,41 @@ class BoundaryConfig:
     target_rate: float = 0.2  # r*: boundaries per byte (about 5 bytes per chunk)
     lm_weight: float = 1.0  # weight of the final head's cross-entropy
     early_weight: float = 0.0  # weight of the early-exit head's cross-entropy
-    # what a chunk adds to its bytes: add (zhat, the paper) or deviation (zhat - z: the main
-    # network's change to the chunk vector, the authors' DistributeDeviationUpsampler)
-    upsample: str = "add"
 
     def validate(self) -> None:
         _check(0.0 < self.target_rate < 1.0,
                f"boundary.target_rate={self.target_rate} must be in (0, 1)")
-        _check(self.upsample in ("add", "deviation"),
-               f"boundary.upsample={self.upsample!r} must be add or deviation")
         _check(self.lm_weight >= 0 and self.early_weight >= 0, "boundary.*_weight must be >= 0")
+
+
+@dataclass
+class ChunkerConfig:
+    """The stage part that makes each chunk's vector from its bytes (model/dc.py): the
+    ``chunker.*`` section of a boundary method's run."""
+
+    # last: the chunk's last byte (SelectLast, the paper); mean: the mean of its bytes (MeanPool,
+    # the authors' AverageTokenDownsampler); "": the method's own (each method names the pools
+    # it supports: BoundaryModule.pools)
+    pool: str = ""
+
+    def validate(self) -> None:
+        _check(self.pool in ("", "last", "mean"), f"chunker.pool={self.pool!r} must be last or mean")
+
+
+@dataclass
+class DechunkerConfig:
+    """The stage part that hands each chunk's output back to its bytes (model/dc.py): the
+    ``dechunker.*`` section of a boundary method's run."""
+
+    # what a chunk adds to its bytes: add (zhat, the paper) or deviation (zhat - z: the main
+    # network's change to the chunk vector, the authors' DistributeDeviationUpsampler)
+    upsample: str = "add"
+    scan_block: int = 64  # block length of the EMA dechunker's parallel scan (hnet's EMASmooth)
+
+    def validate(self) -> None:
+        _check(self.upsample in ("add", "deviation"),
+               f"dechunker.upsample={self.upsample!r} must be add or deviation")
+        _check(self.scan_block >= 1, f"dechunker.scan_block={self.scan_block} must be >= 1")
 
 
 @dataclass
@@ -188,13 +213,18 @@ class RunConfig:
     boundary: BoundaryConfig = field(default_factory=BoundaryConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    # a boundary method's stage parts (None for a flat baseline, which has none)
+    chunker: ChunkerConfig | None = field(default_factory=ChunkerConfig)
+    dechunker: DechunkerConfig | None = field(default_factory=DechunkerConfig)
     # a flat baseline's options (its method's ``MethodSpec.flat_cls``: rltok/flat/); None for a
     # boundary method, whose config then has no flat section
     flat: Any = None
 
     def sections(self) -> tuple[str, ...]:
-        """The config's sections, in order (``flat`` only for a flat baseline)."""
-        return ("model", "boundary", "train", "data") + (("flat",) if self.flat is not None else ())
+        """The config's sections, in order (the parts' for a boundary method, ``flat`` for a flat
+        baseline)."""
+        parts = ("chunker", "dechunker") if self.flat is None else ()
+        return ("model", "boundary", *parts, "train", "data") + (("flat",) if self.flat is not None else ())
 
     def validate(self) -> "RunConfig":
         for section in self.sections():
@@ -208,14 +238,16 @@ class RunConfig:
         self.boundary.validate()
         self.train.validate()
         self.data.validate()
-        if self.flat is not None:
-            self.flat.validate()
+        for section in ("chunker", "dechunker", "flat"):
+            if section in self.sections():
+                getattr(self, section).validate()
         return self
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if self.flat is None:
-            del d["flat"]
+        for section in ("chunker", "dechunker", "flat"):
+            if section not in self.sections():
+                del d[section]
         return d
 
     def to_json(self) -> str:
@@ -244,13 +276,14 @@ class RunConfig:
         _check(isinstance(method, str), f"method={method!r} must be a string")
         cfg = cls(method=method, preset=str(d.get("preset", "")), recipe=str(d.get("recipe", "")),
                   boundary=boundary_cls(), flat=flat_cls() if flat_cls is not None else None)
+        if flat_cls is not None:
+            cfg.chunker = cfg.dechunker = None
         unknown, missing = [], []
         if strict:
             top = {f.name for f in fields(cls)} | set(VERSION_KEYS)
             unknown += [k for k in d if k not in top]
             missing += [k for k in cfg.sections() if k not in d]
-            if d.get("flat") is not None and flat_cls is None:
-                unknown.append("flat")
+            unknown += [k for k in ("chunker", "dechunker", "flat") if d.get(k) is not None and k not in cfg.sections()]
         for section in cfg.sections():
             obj = getattr(cfg, section)
             known = {f.name for f in fields(obj)}
@@ -281,15 +314,16 @@ VERSION_KEYS = ("rltok_version", "format_version")
 ADDED_KEYS: dict[str, int] = {
     "train.log_to": 2, "train.wandb_project": 2,
     "boundary.rate_schedule": 3, "boundary.flop_price": 3, "boundary.prescribed": 3,
-    "boundary.warm_start_bytes": 3, "boundary.is_clip": 3, "boundary.upsample": 3, "boundary.pool": 3,
+    "boundary.warm_start_bytes": 3, "boundary.is_clip": 3, "dechunker.upsample": 3, "chunker.pool": 3,
     "model.shared_head": 3,
     "data.language_temperature": 4, "boundary.rate_scope": 4, "boundary.match": 4,
     "boundary.rate_control": 4, "boundary.control_gain": 4,
     "model.stages": 5, "model.inner_enc_layers": 5, "model.inner_dec_layers": 5,
     "boundary.inner_target_rate": 5, "boundary.rate_integral_gain": 6,
     "boundary.inner_baseline": 7,
-    # format 8 moved the flat baselines' options from boundary.* to flat.* (rltok.config migrates
-    # an older run's); match arrived in format 4 as boundary.match
+    # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
+    # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
+    # run's); match arrived in format 4 as boundary.match, upsample and pool in 3
     "flat.match": 4,
 }
 

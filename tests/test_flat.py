@@ -53,6 +53,7 @@ def test_a_format_7_flat_run_reads_its_boundary_options_into_flat():
     flat = old.pop("flat")
     old["boundary"].update(flat)
     old["boundary"]["attn_window"] = old["boundary"].pop("window")  # its name up to format 7
+    old["boundary"]["upsample"] = "add"  # every method had it then; a flat model has no parts
     cfg = run_config_from_dict(old, strict=True, format_version=7)
     assert cfg.flat == BytesLMConfig(n_layers=3, mlp_hidden=100, match="params", window=16)
     assert cfg.to_dict() == new

@@ -49,12 +49,12 @@ def _decodable():
             if name == "rl":
                 out.append((name, {"boundary.window": 4}))
                 # the authors' options that change what decoding carries
-                out.append((name, {"boundary.upsample": "deviation"}))
+                out.append((name, {"dechunker.upsample": "deviation"}))
                 out.append((name, {"model.shared_head": True}))
                 out.append((name, {"boundary.rate_schedule": "uniform:0.1:0.3"}))
-                out.append((name, {"boundary.pool": "mean"}))  # the MeanPool chunker's state
+                out.append((name, {"chunker.pool": "mean"}))  # the MeanPool chunker's state
             if name == "uniform":
-                out.append((name, {"boundary.upsample": "deviation"}))
+                out.append((name, {"dechunker.upsample": "deviation"}))
             if name == "hnet":
                 out.append((name, {"boundary.rate_control": "threshold"}))
             if name == "whitespace":

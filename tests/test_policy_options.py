@@ -179,7 +179,7 @@ def test_deviation_upsampler_hands_back_only_the_main_networks_change():
     b2 = torch.rand(2, 40) < 0.5
     for up, same in (("deviation", True), ("add", False)):
         torch.manual_seed(0)
-        cfg = build_config("rl", "smoke", overrides={"boundary.upsample": up, "model.main_layers": 0})
+        cfg = build_config("rl", "smoke", overrides={"dechunker.upsample": up, "model.main_layers": 0})
         m = build_model(cfg).eval()
         with torch.no_grad():
             a, b = m(ids, boundaries=b1).logits, m(ids, boundaries=b2).logits
@@ -208,7 +208,8 @@ def test_mean_pooling_under_rl(tmp_path):
     from rltok.generate import generate
     from rltok.model.chunking import chunk_indices, mean_pool
 
-    m = _model(pool="mean").eval()
+    torch.manual_seed(0)
+    m = build_model(build_config("rl", "smoke", overrides={"chunker.pool": "mean"})).eval()
     ids = torch.randint(0, 256, (2, 30))
     b = torch.rand(2, 30) < 0.3
     b[:, 0] = True
@@ -228,10 +229,64 @@ def test_mean_pooling_under_rl(tmp_path):
 def test_bad_part_options_are_one_line():
     from rltok.errors import RltokError
 
-    with pytest.raises(RltokError, match="add or deviation"):
-        build_config("uniform", "smoke", overrides={"boundary.upsample": "ema"})
-    with pytest.raises(RltokError, match="last or mean"):
-        build_config("rl", "smoke", overrides={"boundary.pool": "max"})
+    with pytest.raises(RltokError, match="dechunker.upsample='ema' must be add or deviation"):
+        build_config("uniform", "smoke", overrides={"dechunker.upsample": "ema"})
+    with pytest.raises(RltokError, match="chunker.pool='max' must be last or mean"):
+        build_config("rl", "smoke", overrides={"chunker.pool": "max"})
+    with pytest.raises(RltokError, match="dechunker.scan_block=0 must be >= 1"):
+        build_config("hnet", "smoke", overrides={"dechunker.scan_block": 0})
+    # the part options are no longer the router's
+    with pytest.raises(RltokError, match="unknown config key 'boundary.pool'"):
+        build_config("rl", "smoke", overrides={"boundary.pool": "mean"})
+    # a pool the method's router does not combine with, named at build
+    cfg = build_config("nawrot", "smoke", overrides={"chunker.pool": "last"})
+    with pytest.raises(RltokError, match="chunker.pool='last': method 'nawrot' pools by mean"):
+        build_model(cfg)
+    with pytest.raises(RltokError, match="model.stages=2 does not support chunker.pool='mean'"):
+        build_model(build_config("rl", "smoke", overrides={"model.stages": 2, "chunker.pool": "mean"}))
+
+
+@pytest.mark.parametrize("method,old,parts", [
+    ("rl", {"upsample": "deviation", "pool": "mean"}, {"chunker": {"pool": "mean"}, "dechunker": {"upsample": "deviation"}}),
+    ("rl", {"upsample": "add", "pool": "last"}, {"chunker": {"pool": ""}, "dechunker": {"upsample": "add"}}),
+    ("hnet", {"upsample": "add", "scan_block": 16}, {"dechunker": {"scan_block": 16}}),
+    ("uniform", {}, {}),  # before format 3: no part option at all, the defaults are what it did
+])
+def test_a_format_7_run_reads_its_part_options_into_chunker_and_dechunker(method, old, parts):
+    import json
+
+    from rltok.config import run_config_from_dict
+
+    new = build_config(method, "smoke", overrides={f"{sec}.{k}": v for sec, kv in parts.items()
+                                                   for k, v in kv.items()}).to_dict()
+    d = json.loads(json.dumps(new))
+    del d["chunker"], d["dechunker"]
+    d["boundary"].update(old)
+    assert run_config_from_dict(d, strict=True, format_version=7 if old else 2).to_dict() == new
+    if old:  # at format 8 the old keys are a mistake, named
+        with pytest.raises(Exception, match="boundary"):
+            run_config_from_dict(d, strict=True, format_version=8)
+
+
+def test_each_method_gets_its_own_parts_from_the_part_options():
+    from rltok.errors import RltokError
+    from rltok.model.dc import AddLatest, EMASmooth, MeanPool, SelectLast
+
+    def parts(method, **over):
+        torch.manual_seed(0)
+        m = build_model(build_config(method, "smoke", overrides=over))
+        return m.boundary.chunker, m.boundary.dechunker
+
+    c, d = parts("rl")
+    assert type(c) is SelectLast and type(d) is AddLatest and not d.deviation
+    c, d = parts("rl", **{"chunker.pool": "mean", "dechunker.upsample": "deviation"})
+    assert type(c) is MeanPool and not c.straight_through and d.deviation
+    c, d = parts("nawrot")
+    assert type(c) is MeanPool and c.straight_through and type(d) is AddLatest
+    c, d = parts("hnet", **{"dechunker.scan_block": 16})
+    assert type(c) is SelectLast and type(d) is EMASmooth and d.block == 16
+    with pytest.raises(RltokError, match="method 'uniform' pools by last"):
+        parts("uniform", **{"chunker.pool": "mean"})
 
 
 def test_integral_rate_controller_by_hand():

@@ -130,7 +130,7 @@ def test_fixed_boundaries_at_both_levels_are_causal():
 
 # -- cached decoding -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("over", [{}, {"boundary.window": 4}, {"boundary.upsample": "deviation"},
+@pytest.mark.parametrize("over", [{}, {"boundary.window": 4}, {"dechunker.upsample": "deviation"},
                                   {"model.inner_enc_layers": 0, "model.inner_dec_layers": 0, "model.main_layers": 2}],
                          ids=["w1", "w4", "deviation", "no-inner-layers"])
 @pytest.mark.parametrize("mode", ["sample", "greedy"])

@@ -22,9 +22,10 @@ from typing import Any, Callable, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..schema import BoundaryConfig, ModelConfig
+from ..errors import RltokError
+from ..schema import BoundaryConfig, ChunkerConfig, DechunkerConfig, ModelConfig
 from ..model.chunking import Chunks
-from ..model.dc import AddLatest, SelectLast
+from ..model.dc import AddLatest, EMASmooth, MeanPool, SelectLast
 
 
 @dataclass
@@ -91,15 +92,30 @@ class BoundaryModule(nn.Module):
     # exact-count uniform, which is not causal, decodes as Bernoulli(r*)); teacher-forced
     # decoding is exact either way
     decode_matches_forward: ClassVar[bool] = True
+    # the stage parts a method combines with its router (model/dc.py): the chunker.pool values it
+    # supports (the first is its own), whether its mean pool carries the straight-through
+    # gradient of the boundaries (Nawrot's), and its dechunker: add (AddLatest) or ema (EMASmooth)
+    pools: ClassVar[tuple[str, ...]] = ("last",)
+    straight_through_pool: ClassVar[bool] = False
+    dechunk: ClassVar[str] = "add"
 
     def __init__(self, model_cfg: ModelConfig, cfg: BoundaryConfig):
         super().__init__()
         self.model_cfg = model_cfg
         self.cfg = cfg
-        # the stage parts this method chunks and dechunks with (model/dc.py); a method that pools
-        # or smooths differently sets its own in its __init__
-        self.chunker: nn.Module = SelectLast()
-        self.dechunker: nn.Module = AddLatest(deviation=cfg.upsample == "deviation")
+        self.set_parts(ChunkerConfig(), DechunkerConfig())
+
+    def set_parts(self, chunker: ChunkerConfig, dechunker: DechunkerConfig) -> "BoundaryModule":
+        """Build this stage's chunker and dechunker from the chunker.* and dechunker.* options
+        (the builders call it with the run's; ``__init__`` with the defaults)."""
+        pool = chunker.pool or self.pools[0]
+        if pool not in self.pools:
+            raise RltokError(f"chunker.pool={pool!r}: method {self.name!r} pools by {' or '.join(self.pools)}")
+        self.chunker: nn.Module = SelectLast() if pool == "last" else MeanPool(straight_through=self.straight_through_pool)
+        deviation = dechunker.upsample == "deviation"
+        self.dechunker: nn.Module = (AddLatest(deviation=deviation) if self.dechunk == "add"
+                                     else EMASmooth(deviation=deviation, block=dechunker.scan_block))
+        return self
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
@@ -119,7 +135,7 @@ class BoundaryModule(nn.Module):
 
     def chunk_output(self, zhat: Tensor, z: Tensor) -> Tensor:
         """What a chunk hands back to its positions, from the main network's output ``zhat`` and
-        its input ``z``: zhat, or zhat - z with boundary.upsample=deviation (the dechunker's)."""
+        its input ``z``: zhat, or zhat - z with dechunker.upsample=deviation (the dechunker's)."""
         return self.dechunker.chunk_output(zhat, z)
 
     def decodable(self) -> bool:

@@ -56,7 +56,6 @@ from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext
 class HNetConfig(BoundaryConfig):
     alpha: float = 0.03  # weight of the ratio loss
     threshold: float = 0.5
-    scan_block: int = 64  # block length of the parallel EMA scan
     # "": the fixed threshold (H-Net); threshold: adapt it to hold target_rate (module docstring)
     rate_control: str = ""
     control_gain: float = 0.1
@@ -67,8 +66,6 @@ class HNetConfig(BoundaryConfig):
             raise RltokError("boundary.alpha must be >= 0")
         if not 0 < self.threshold < 1:
             raise RltokError(f"boundary.threshold={self.threshold} must be in (0, 1)")
-        if self.scan_block < 1:
-            raise RltokError("boundary.scan_block must be >= 1")
         if self.rate_control not in ("", "threshold"):
             raise RltokError(f"boundary.rate_control={self.rate_control!r} must be '' or threshold")
         if not 0 < self.control_gain < 10:
@@ -78,6 +75,7 @@ class HNetConfig(BoundaryConfig):
 class HNetBoundaries(BoundaryModule):
     name = "hnet"
     learned = True
+    dechunk = "ema"  # EMASmooth: each byte gets the EMA of the chunk outputs (dechunker.scan_block)
 
     def __init__(self, model_cfg: ModelConfig, cfg: HNetConfig):
         super().__init__(model_cfg, cfg)
@@ -89,7 +87,6 @@ class HNetBoundaries(BoundaryModule):
             self.k_proj.weight.copy_(torch.eye(d))
         if cfg.rate_control == "threshold":
             self.register_buffer("threshold", torch.tensor(float(cfg.threshold)))
-        self.dechunker = EMASmooth(deviation=cfg.upsample == "deviation", block=cfg.scan_block)
 
     def _threshold(self) -> Tensor | float:
         return self.threshold if self.cfg.rate_control == "threshold" else self.cfg.threshold

@@ -80,13 +80,15 @@ class NawrotBoundaries(BoundaryModule):
     name = "nawrot"
     learned = True
     stochastic = True
+    # dynamic pooling: the mean of each chunk's bytes, its weights carrying the boundaries' gradient
+    pools = ("mean",)
+    straight_through_pool = True
 
     def __init__(self, model_cfg: ModelConfig, cfg: NawrotConfig):
         super().__init__(model_cfg, cfg)
         d = model_cfg.d_model
         hidden = max(1, int(round(d * cfg.hidden_mult)))
         self.predictor = nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.chunker = MeanPool(straight_through=True)  # dynamic pooling: mean of each chunk's bytes
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:

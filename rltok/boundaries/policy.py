@@ -26,7 +26,6 @@ from ..schema import BOS, BoundaryConfig, ModelConfig
 from ..errors import RltokError
 from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends
-from ..model.dc import MeanPool
 from ..model.unet import ByteUNet, unet_builder
 from ..registry import MethodSpec, register
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, bernoulli_entropy, bernoulli_log_prob
@@ -74,9 +73,6 @@ class PolicyConfig(BoundaryConfig):
     init_scale: float = 1.0
     # "" (fixed at target_rate) or a schedule of rates to train at, e.g. uniform:0.1:0.3 (rltok/rates.py)
     rate_schedule: str = ""
-    # how a chunk's vector is made from its bytes: last (the paper: the chunk's last byte) or
-    # mean (the authors' AverageTokenDownsampler; decoding then re-runs the model: --no-cache)
-    pool: str = "last"
     # model.stages=2: the inner router's r*, boundaries per outer chunk (0.5: about two outer
     # chunks, i.e. two words at r* = 0.2, per inner chunk)
     inner_target_rate: float = 0.5
@@ -93,8 +89,6 @@ class PolicyConfig(BoundaryConfig):
         super().validate()
 
         parse_schedule(self.rate_schedule, self.target_rate)
-        if self.pool not in ("last", "mean"):
-            raise RltokError(f"boundary.pool={self.pool!r} must be last or mean")
         if self.window < 1:
             raise RltokError(f"boundary.window={self.window} must be >= 1")
         if not (0.0 < self.gamma <= 1.0):
@@ -167,6 +161,8 @@ class BoundaryPolicy(BoundaryModule):
     name = "rl"
     learned = True
     stochastic = True
+    # chunker.pool=mean: the authors' AverageTokenDownsampler under RL
+    pools = ("last", "mean")
 
     def __init__(self, model_cfg: ModelConfig, cfg: PolicyConfig):
         super().__init__(model_cfg, cfg)
@@ -186,8 +182,6 @@ class BoundaryPolicy(BoundaryModule):
             self.rate_embed = nn.Linear(2, model_cfg.d_model)
             nn.init.zeros_(self.rate_embed.weight)
             nn.init.zeros_(self.rate_embed.bias)
-        if cfg.pool == "mean":
-            self.chunker = MeanPool()  # the authors' AverageTokenDownsampler
         if cfg.rate_integral_gain > 0:
             # the integral controller's logit offset: a buffer, so saved, restored and fixed at evaluation
             self.register_buffer("rate_offset", torch.zeros(()))
@@ -472,15 +466,16 @@ def _two_stage_unet(cfg):
 
 
     bc = cfg.boundary
-    unsupported = {"flop_price": 0.0, "prescribed": "", "warm_start_bytes": 0, "rate_schedule": "", "pool": "last",
-                   "rate_scope": "batch"}
+    unsupported = {"boundary.flop_price": 0.0, "boundary.prescribed": "", "boundary.warm_start_bytes": 0,
+                   "boundary.rate_schedule": "", "boundary.rate_scope": "batch", "chunker.pool": ""}
     for key, default in unsupported.items():
-        if getattr(bc, key) != default:
-            raise RltokError(f"model.stages=2 does not support boundary.{key}={getattr(bc, key)!r} "
+        section, name = key.split(".")
+        if getattr(getattr(cfg, section), name) != default:
+            raise RltokError(f"model.stages=2 does not support {key}={getattr(getattr(cfg, section), name)!r} "
                              f"(leave it at {default!r})")
     inner_cfg = dataclasses.replace(bc, target_rate=bc.inner_target_rate)
-    inner = ChunkStage(cfg.model, BoundaryPolicy(cfg.model, inner_cfg))
-    return ByteUNet(cfg.model, BoundaryPolicy(cfg.model, bc), inner=inner)
+    inner = ChunkStage(cfg.model, BoundaryPolicy(cfg.model, inner_cfg).set_parts(cfg.chunker, cfg.dechunker))
+    return ByteUNet(cfg.model, BoundaryPolicy(cfg.model, bc).set_parts(cfg.chunker, cfg.dechunker), inner=inner)
 
 
 register(MethodSpec(

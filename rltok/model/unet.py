@@ -252,6 +252,6 @@ def unet_builder(module_cls: type[BoundaryModule]) -> Callable[[RunConfig, Path 
     def build(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
         if cfg.model.stages != 1:
             raise RltokError(f"model.stages={cfg.model.stages}: method {cfg.method!r} has one stage only")
-        return ByteUNet(cfg.model, module_cls(cfg.model, cfg.boundary))
+        return ByteUNet(cfg.model, module_cls(cfg.model, cfg.boundary).set_parts(cfg.chunker, cfg.dechunker))
 
     return build
