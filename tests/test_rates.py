@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,3 +139,70 @@ def test_generate_refuses_a_bad_rate_before_printing(rate_run, capsys):
     assert len(high) > len(low)  # the API runs the model at the rate asked
     with pytest.raises(RltokError, match="outside"):
         rltok.score(model, ["x"], rate=0.9)
+
+
+# -- calibrating the rate at evaluation (evaluate.calibrate_rate) -----------------------------------
+
+def _calibration_corpus():
+    from rltok.data.corpus import Corpus
+
+    rng = np.random.default_rng(0)
+    words = [b"the", b"council", b"met", b"on", b"tuesday", b"and", b"voted", b"against", b"it"]
+    return Corpus.from_docs([b" ".join(words[i] for i in rng.integers(0, len(words), 40)) + b"." for _ in range(12)])
+
+
+@pytest.mark.parametrize("method,over", [("rl", {"boundary.rate_integral_gain": 1.0, "boundary.scale": 4.0}),
+                                         ("hnet", {"boundary.rate_control": "threshold"})])
+@pytest.mark.parametrize("target", [0.12, 0.3])
+def test_calibrate_rate_hits_the_target_on_the_calibration_text(method, over, target):
+    """The knob moves (in the right direction) until the rate on the calibration documents, scored
+    with the evaluation's fixed draws, is within tol of the target; scoring again gives that rate."""
+    from rltok.evaluate import calibrate_rate, evaluate_corpus
+    from rltok.run import build_model
+
+    torch.manual_seed(0)
+    m = build_model(build_config(method, "smoke", overrides={"model.seq_len": 64, **over})).eval()
+    corpus = _calibration_corpus()
+    knob = m.boundary.rate_knob()[0]
+    c = calibrate_rate(m, corpus, 64, target, docs=None, dtype="fp32", tol=0.01)
+    assert abs(c.rate - target) <= 0.01, c
+    assert float(knob) == pytest.approx(c.value)
+    again = evaluate_corpus(m, corpus, 64, dtype="fp32").rate
+    assert again == pytest.approx(c.rate)
+    # the knob went the way the rate had to go
+    raise_rate = target > c.before_rate
+    moved_up = c.value > c.before_value
+    sign = m.boundary.rate_knob()[1]
+    assert moved_up == (raise_rate == (sign > 0))
+
+
+def test_calibrate_rate_refuses_a_router_without_a_knob_in_one_line():
+    from rltok.evaluate import calibrate_rate
+    from rltok.run import build_model
+
+    for method, over in (("uniform", {}), ("rl", {})):  # rl without the integral controller
+        m = build_model(build_config(method, "smoke", overrides={"model.seq_len": 64, **over}))
+        with pytest.raises(RltokError, match="no rate to calibrate"):
+            calibrate_rate(m, _calibration_corpus(), 64, 0.2, docs=None, dtype="fp32")
+
+
+def test_eval_calibrate_rate_from_the_command_line(small_corpus_file, tmp_path, capsys, one_thread):
+    """rltok eval --calibrate-rate moves the knob to r* on the validation split and says so; a run
+    whose router has none is one line and exit 2."""
+    from rltok.train import train
+
+    cfg = build_config("rl", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 4,
+                                                 "train.eval_docs": 2, "boundary.rate_integral_gain": 1.0,
+                                                 "boundary.target_rate": 0.3})
+    train(cfg, tmp_path / "rl", progress=False)
+    assert main(["eval", str(tmp_path / "rl"), "--calibrate-rate", "--json", "--dtype", "fp32"]) == 0
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert abs(d["calibration"]["rate"] - 0.3) <= 0.002 and d["calibration"]["evaluations"] >= 1
+    assert d["rate"] == pytest.approx(d["calibration"]["rate"])  # scored on the same split (val) here
+    cfg = build_config("uniform", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 1,
+                                                      "train.eval_docs": 2})
+    train(cfg, tmp_path / "u", progress=False)
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "u"), "--calibrate-rate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no rate to calibrate" in err[0]

@@ -5,6 +5,7 @@ a budget ladder on a corpus seen once.
     python tools/study.py run --rungs 8M --ablations
     python tools/study.py report                    # results/study/results.json, tables, plots
     python tools/study.py plan --rungs 2M,8M,32M    # the cells, and which are done
+    python tools/study.py calibrate                 # finished cells measured again at r* (below)
 
 From a frozen checkout (so that edits cannot reach a running cell), point it at this one's folders:
 RLTOK_STUDY_RESULTS=results/study RLTOK_STUDY_RUNS=runs/study RLTOK_SHARED_DATA=../shared/data.
@@ -230,7 +231,64 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
             rec["stage_stats"] = stage_stats(model, docs, dtype=cfg.train.dtype)
     rec["rate"] = rec["test"]["rate"]
     rec["bpb"] = rec["test"]["bpb"]
+    calibrated = measure_at_rate(model, splits)  # last: it moves the model's rate knob
+    if calibrated is not None:
+        rec["calibrated"] = calibrated
     return json.loads(json.dumps(rec, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
+
+
+def measure_at_rate(model, splits) -> dict | None:
+    """Every evaluation set again with the router's rate knob calibrated on the validation split
+    to r* (``rltok.evaluate.calibrate_rate``): the comparison at equal rate on the evaluation
+    text, not only on the training stream. None for a router without a knob (the rules hold
+    their rate exactly; nawrot, bpe, whitespace, and the rl rows with the paper's penalty only,
+    have none)."""
+    from rltok.evaluate import calibrate_rate, evaluate_corpus
+
+    if getattr(getattr(model, "boundary", None), "rate_knob", lambda: None)() is None:
+        return None
+    cfg = model.run_config
+    c = calibrate_rate(model, splits.val, cfg.model.seq_len, cfg.boundary.target_rate, docs=256,
+                       dtype=cfg.train.dtype, batch_size=16)
+    rec = {"on": "validation: BOS + the first seq_len bytes of 256 documents", "value": c.value,
+           "val_rate": c.rate, "before_value": c.before_value, "before_val_rate": c.before_rate,
+           "evaluations": c.evaluations}
+    for name, spec in EVAL_SETS.items():
+        corpus = _eval_corpus(name, cfg, splits)
+        r = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=spec.get("docs"), whole=spec.get("whole", False),
+                            dtype=cfg.train.dtype, batch_size=16)
+        rec[name] = r.to_dict(per_doc=True)
+    return rec
+
+
+def cmd_calibrate(args) -> int:
+    """Add the calibrated measurements (``measure_at_rate``) to finished cells that lack them."""
+    import numpy as np
+
+    import rltok
+    from rltok.checkpoint import write_json_atomic
+    from rltok.data import load_splits
+    from rltok.threads import set_threads
+
+    set_threads(1)
+    for path in sorted((OUT / "cells").glob("*/*.json")):
+        rec = json.loads(path.read_text())
+        if "calibrated" in rec or rec.get("no_rate_knob") or (args.rungs and rec["rung"] not in args.rungs.split(",")):
+            continue
+        run = RUNS / rec["rung"] / f"{rec['tag']}_s{rec['seed']}"
+        if not run.is_dir():
+            print(f"{path}: no run directory {run}; skipped", flush=True)
+            continue
+        model = rltok.load(run)
+        cal = measure_at_rate(model, load_splits(model.run_config))
+        if cal is None:
+            rec["no_rate_knob"] = True
+        else:
+            rec["calibrated"] = json.loads(json.dumps(cal, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
+            print(f"calibrated {rec['rung']} {rec['tag']} s{rec['seed']}: test rate {rec['rate']:.3f} -> "
+                  f"{cal['test']['rate']:.3f}, bpb {rec['bpb']:.4f} -> {cal['test']['bpb']:.4f}", flush=True)
+        write_json_atomic(path, rec)
+    return 0
 
 
 def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
@@ -329,6 +387,7 @@ def summarize(cells: list[dict]) -> dict:
                         dd = np.mean(per, axis=0)
                         s[key].update(mean_docs=float(dd.mean()), se_docs=_se(dd), docs=len(dd))
             s["rate_per_seed"] = [c.get("rate") for c in cs]
+            s["calibrated_seeds"] = sum(bool(c.get("at_rate")) for c in cs)
             for k in ("rate", "train_rate", "train_rate_late", "flops_per_byte", "params", "epochs"):
                 vals = [c.get(k) for c in cs if c.get(k) is not None]
                 s[k] = float(np.mean(vals)) if vals else float("nan")
@@ -349,6 +408,17 @@ def summarize(cells: list[dict]) -> dict:
     return out
 
 
+def at_rate(cell: dict) -> dict:
+    """The cell as measured with its rate calibrated to r* on the validation split, where its
+    router has a knob (``measure_at_rate``); as trained otherwise (flagged)."""
+    cal = cell.get("calibrated")
+    if not cal:
+        return {**cell, "at_rate": False}
+    out = {**cell, "at_rate": True, **{name: cal[name] for name in EVAL_SETS}}
+    out["rate"], out["bpb"] = cal["test"]["rate"], cal["test"]["bpb"]
+    return out
+
+
 def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) else float("nan")
 
@@ -358,15 +428,16 @@ def _pm(d: dict, nd=4) -> str:
     return f"{d['mean']:.{nd}f}" + (f" ± {se:.{nd}f}" if math.isfinite(se) else "")
 
 
-def tables(summary: dict) -> str:
+def tables(summary: dict, heading: str = "", calibrated: bool = False) -> str:
     lines = []
     order = list(VARIANTS) + list(ABLATIONS)
     for rung in sorted(summary, key=lambda r: RUNGS[r]):
-        lines += [f"### {rung} bytes per run", "",
+        lines += [f"### {rung} bytes per run{heading}", "",
                   "| method | seeds | test bpb | Δ vs uniform (test) | Δ vs rl (test) | C4 bpb | Δ vs uniform (C4) "
                   "| Δ vs rl (C4) | WikiText-2 bpb | Δ vs rl (WikiText-2) | rate (seeds) | train rate (2nd half) "
-                  "| FLOPs/byte vs rl | ws recall | word-start recall | epochs |",
-                  "|" + "---|" * 16]
+                  "| FLOPs/byte vs rl | ws recall | word-start recall | epochs |"
+                  + (" calibrated seeds |" if calibrated else ""),
+                  "|" + "---|" * (17 if calibrated else 16)]
         for tag in [t for t in order if t in summary[rung]]:
             s = summary[rung][tag]
             rate_mark = " *" if s.get("rate_matched") is False else (
@@ -383,7 +454,8 @@ def tables(summary: dict) -> str:
                 f"| {d('test_delta_vs_rl')} | {_pm(s['c4_bpb'])} | {d('c4_delta_vs_uniform')} | {d('c4_delta_vs_rl')} "
                 f"| {_pm(s['wikitext_bpb'])} | {d('wikitext_delta_vs_rl')} | {rate}{rate_mark} "
                 f"| {s['train_rate_late']:.3f} | {s['flops_vs_rl']:.2f}{flop_mark} | {s['whitespace_recall']:.3f} "
-                f"| {s['word_start_recall']:.3f} | {s['epochs']:.2f} |")
+                f"| {s['word_start_recall']:.3f} | {s['epochs']:.2f} |"
+                + (f" {s.get('calibrated_seeds', 0)} |" if calibrated else ""))
         lines.append("")
     lines += ["bpb: mean over seeds ± SE over seeds (each seed's value is its mean over documents). "
               "Δ vs uniform: per seed, the method's bpb minus uniform's of the same seed on the same "
@@ -447,10 +519,20 @@ def cmd_report(args) -> int:
     if not cells:
         sys.exit(f"{OUT / 'cells'}: no finished cells")
     summary = summarize(cells)
+    # the same cells with each calibratable router at r* on the evaluation text
+    summary_at_rate = summarize([at_rate(c) for c in cells])
     slim = [{k: v for k, v in c.items()} for c in cells]
     bpe = json.loads((OUT / "bpe.json").read_text()) if (OUT / "bpe.json").is_file() else {}
-    (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "cells": slim}) + "\n")
-    (OUT / "tables.md").write_text(tables(summary) + "\n")
+    (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "summary_at_rate": summary_at_rate,
+                                                  "cells": slim}) + "\n")
+    at_rate_note = ("At r* on the evaluation text: each cell whose router has a rate knob (rl with the integral "
+                    "controller: its logit offset; hnet with rate_control=threshold: its threshold) measured "
+                    "again with the knob calibrated by bisection to r* on the validation split's documents "
+                    "(BOS + first seq_len bytes of 256, never the test sets), within 0.002; the other cells as "
+                    "trained (calibrated seeds: 0). Paired differences use each cell's calibrated "
+                    "measurements where it has them.")
+    (OUT / "tables.md").write_text(tables(summary) + "\n\n## At r* on the evaluation text\n\n" + at_rate_note
+                                   + "\n\n" + tables(summary_at_rate, ", at r* on the evaluation text", True) + "\n")
     plot(summary, OUT / "ladder.png")
     print(f"wrote {OUT}/results.json, tables.md, ladder.png ({len(cells)} cells)")
     return 0
@@ -472,6 +554,9 @@ def main(argv=None) -> int:
     c.add_argument("seed", type=int)
     c.set_defaults(func=cmd_cell)
     sub.add_parser("report").set_defaults(func=cmd_report)
+    k = sub.add_parser("calibrate", help="add the at-r* measurements to finished cells that lack them")
+    k.add_argument("--rungs", default="")
+    k.set_defaults(func=cmd_calibrate)
     args = p.parse_args(argv)
     return args.func(args)
 

@@ -138,6 +138,12 @@ class BoundaryModule(nn.Module):
         its input ``z``: zhat, or zhat - z with dechunker.upsample=deviation (the dechunker's)."""
         return self.dechunker.chunk_output(zhat, z)
 
+    def rate_knob(self) -> tuple[Tensor, float, float, float] | None:
+        """The 0-d buffer that sets this router's rate, for calibrating the rate at evaluation
+        (``evaluate.calibrate_rate``): (buffer, +1 if a larger value gives more boundaries else -1,
+        lowest, highest value). None: the router has none."""
+        return None
+
     def decodable(self) -> bool:
         """Whether this instance decodes from caches (``can_decode``)."""
         return type(self).can_decode()

@@ -88,6 +88,12 @@ class HNetBoundaries(BoundaryModule):
         if cfg.rate_control == "threshold":
             self.register_buffer("threshold", torch.tensor(float(cfg.threshold)))
 
+    def rate_knob(self):
+        # the controlled routing threshold (b_t = [p_t >= theta]: a higher one, fewer boundaries)
+        if self.cfg.rate_control == "threshold":
+            return self.threshold, -1.0, 0.0, 1.0
+        return None
+
     def _threshold(self) -> Tensor | float:
         return self.threshold if self.cfg.rate_control == "threshold" else self.cfg.threshold
 

@@ -191,6 +191,12 @@ class BoundaryPolicy(BoundaryModule):
         """The rate the policy runs at: the requested one, else boundary.target_rate."""
         return self.cfg.target_rate if self.requested is None else self.requested
 
+    def rate_knob(self):
+        # the integral controller's logit offset (it moves in training; fixed at evaluation)
+        if self.cfg.rate_integral_gain > 0:
+            return self.rate_offset, 1.0, -20.0, 20.0
+        return None
+
     @property
     def prior_logit(self) -> float:
         r = self.rate

@@ -33,6 +33,13 @@ def register(sub) -> None:
     p.add_argument("--rate", type=float, default=None,
                    help="run a rate-conditioned model (trained with boundary.rate_schedule) at this "
                         "boundary rate (default: its boundary.target_rate)")
+    p.add_argument("--calibrate-rate", action="store_true",
+                   help="first move the router's rate knob (rl with boundary.rate_integral_gain > 0: its "
+                        "logit offset; hnet with rate_control=threshold: its threshold) so that its rate on "
+                        "the validation split of the data scored (--data, default the run's own; its first "
+                        "256 documents, scored as here) is "
+                        "boundary.target_rate, then score: a comparison at equal rate on the evaluation "
+                        "text, not only on the training stream (also applied to --against where it can be)")
     p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the evaluation boundary samples")
@@ -74,6 +81,8 @@ def run(args) -> int:
         corpus = getattr(load_splits(cfg), args.split)
     from ..rates import requested_rate
 
+    cal_docs = load_splits(cfg).val if args.calibrate_rate else None
+    calibration = _calibrate(model, cal_docs, args) if args.calibrate_rate else None
     with requested_rate(model, args.rate):  # a rate the model was not trained for: refused in one line
         res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
                               mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
@@ -84,6 +93,8 @@ def run(args) -> int:
     target = (args.rate or cfg.boundary.target_rate) if cfg.method in RATE_TARGETED else None
     if args.rate is not None:
         d["requested_rate"] = args.rate
+    if calibration is not None:
+        d["calibration"] = {"on": f"{cfg.data.source} validation split, first 256 documents", **calibration.__dict__}
     off = target is not None and off_target(cfg.method, res.rate, target)
     if target is not None:
         d["target_rate"] = target
@@ -92,6 +103,10 @@ def run(args) -> int:
         from ..evaluate import paired_difference
 
         model2 = load_model(args.against, device=args.device)
+        if args.calibrate_rate and getattr(model2.boundary, "rate_knob", lambda: None)() is not None:
+            d_cal2 = _calibrate(model2, cal_docs, args)
+        else:
+            d_cal2 = None
         other = evaluate_corpus(model2, corpus, model2.run_config.model.seq_len, docs=args.docs,
                                 samples=args.samples, mode="greedy" if args.greedy else "sample",
                                 batch_size=args.batch_size, seed=args.seed,
@@ -100,6 +115,9 @@ def run(args) -> int:
         d["against"] = {"run": str(args.against), "method": model2.run_config.method, **model2.weights,
                         **other.to_dict(per_doc=args.per_doc),
                         "paired": paired_difference(res.per_doc_bpb, other.per_doc_bpb)}
+        if d_cal2 is not None:
+            d["against"]["calibration"] = {"on": f"{cfg.data.source} validation split, first 256 documents",
+                                           **d_cal2.__dict__}
     if args.json:
         print(json.dumps(d))
     else:
@@ -107,6 +125,9 @@ def run(args) -> int:
         print(f"{args.run} ({cfg.method}) on {cfg.data.source} [{args.split}]: {res.docs} documents, "
               f"{res.bytes:,} bytes ({scope})")
         print(f"  weights       {describe_weights(model)}")
+        if calibration is not None:
+            print(f"  calibrated    rate knob {calibration.before_value:.4g} -> {calibration.value:.4g}: rate on the "
+                  f"validation split {calibration.before_rate:.4f} -> {calibration.rate:.4f}")
         print(f"  bits/byte     {res.bpb:.4f} ± {res.bpb_se:.4f} (mean per document ± SE); corpus {res.corpus_bpb:.4f}")
         print(f"  rate          {res.rate:.4f} boundaries per byte ({res.mode}, {res.samples} sample(s))"
               + (f"; target {target}: off by {res.rate - target:+.3f}" if off else ""))
@@ -119,3 +140,15 @@ def run(args) -> int:
             print(f"  paired difference (this - that): {pd['diff']:+.4f} ± {pd['se']:.4f} bits/byte "
                   f"over {pd['n']} documents (z = {pd['z']:.1f})")
     return 0
+
+
+def _calibrate(model, corpus, args):
+    """The model's rate knob moved to its boundary.target_rate on ``corpus`` (one line where its
+    router has none)."""
+    from ..evaluate import calibrate_rate
+
+    cfg = model.run_config
+    return calibrate_rate(model, corpus, cfg.model.seq_len, cfg.boundary.target_rate,
+                          docs=256, batch_size=args.batch_size, dtype=args.dtype or cfg.train.dtype,
+                          seed=args.seed)
+
