@@ -275,6 +275,8 @@ def cmd_calibrate(args) -> int:
         rec = json.loads(path.read_text())
         if "calibrated" in rec or rec.get("no_rate_knob") or (args.rungs and rec["rung"] not in args.rungs.split(",")):
             continue
+        if args.tags and rec["tag"] not in args.tags.split(","):
+            continue
         run = RUNS / rec["rung"] / f"{rec['tag']}_s{rec['seed']}"
         if not run.is_dir():
             print(f"{path}: no run directory {run}; skipped", flush=True)
@@ -556,6 +558,7 @@ def main(argv=None) -> int:
     sub.add_parser("report").set_defaults(func=cmd_report)
     k = sub.add_parser("calibrate", help="add the at-r* measurements to finished cells that lack them")
     k.add_argument("--rungs", default="")
+    k.add_argument("--tags", default="", help="only these variants, comma-separated")
     k.set_defaults(func=cmd_calibrate)
     args = p.parse_args(argv)
     return args.func(args)
