@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -229,6 +230,23 @@ def byte_token_id(tok, byte: int) -> int:
 
 # -- the tokenizer of a run ---------------------------------------------------------------------
 
+@dataclass
+class TokenizerOptions:
+    """The options of a run's BPE, shared by bpe guidance (``boundary.*``) and the token LM
+    (``flat.*``): the fields of their config classes, read by :func:`prepare_tokenizer` and
+    :func:`load_run_tokenizer`."""
+
+    tokenizer: str = ""  # a tokenizers JSON to use instead of fitting one (copied into the run)
+    vocab_size: int = 0  # > 0: train exactly this vocabulary size; 0: fit it to boundary.target_rate
+    fit_bytes: int = 20_000_000  # training bytes (first documents of the split) used to fit the BPE
+
+    def check_tokenizer_options(self, section: str) -> None:
+        if self.vocab_size < 0 or (0 < self.vocab_size < 260):
+            raise RltokError(f"{section}.vocab_size={self.vocab_size} must be 0 (fit to the rate) or >= 260")
+        if self.fit_bytes < 1:
+            raise RltokError(f"{section}.fit_bytes must be >= 1")
+
+
 def fit_docs(corpus, max_bytes: int) -> list[bytes]:
     """Documents of the split in a fixed random order, up to ``max_bytes``: a corpus stored source
     by source (the built-in ones: one language or manual after another) must not fit its BPE, nor
@@ -243,7 +261,7 @@ def fit_docs(corpus, max_bytes: int) -> list[bytes]:
     return docs
 
 
-def prepare_tokenizer(opts, target_rate: float, train_corpus, run_dir: Path, label: str) -> dict:
+def prepare_tokenizer(opts: TokenizerOptions, target_rate: float, train_corpus, run_dir: Path, label: str) -> dict:
     """Fit (or copy) the run's BPE into RUN/tokenizer.json and write its info; returns the info.
     ``opts``: the method's tokenizer options (``tokenizer``, ``vocab_size``, ``fit_bytes``: bpe
     guidance's ``boundary.*``, bpe-lm's ``flat.*``); ``target_rate``: the rate to fit to."""
@@ -273,7 +291,7 @@ def prepare_tokenizer(opts, target_rate: float, train_corpus, run_dir: Path, lab
     return info
 
 
-def load_run_tokenizer(opts, run_dir: Path | None):
+def load_run_tokenizer(opts: TokenizerOptions, run_dir: Path | None):
     """RUN/tokenizer.json if the run has one, else the options' ``tokenizer``, else None."""
     if run_dir is not None and (Path(run_dir) / TOKENIZER).is_file():
         return load_tokenizer(Path(run_dir) / TOKENIZER)

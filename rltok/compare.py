@@ -43,6 +43,7 @@ from .schema import PAD, RunConfig, _split_kv, apply_overrides, resolve_key
 from .config import build_config
 from .errors import RltokError
 from . import bpe as bpe_lib
+from .bpe import TokenizerOptions
 from .boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids
 from .checkpoint import write_json_atomic
 from .data import load_splits
@@ -173,7 +174,7 @@ def build_variant_config(spec: CompareSpec, v: Variant, seed: int, bpe_reference
         apply_overrides(cfg, [s for s in spec.overrides if resolve_key(cfg, _split_kv(s)[0]) is not None])
         # the comparison's reference BPE is the tokenizer of bpe and bpe-lm unless the variant says otherwise
         # (bpe guidance's boundary.tokenizer, the token LM's flat.tokenizer)
-        tok_opts = next((o for o in (cfg.boundary, cfg.flat) if hasattr(o, "tokenizer")), None)
+        tok_opts = next((o for o in (cfg.boundary, cfg.flat) if isinstance(o, TokenizerOptions)), None)
         if (bpe_reference is not None and tok_opts is not None
                 and not any(k.split(".")[-1] in ("tokenizer", "vocab_size") for k in v.overrides)):
             tok_opts.tokenizer = str(bpe_reference)

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .errors import RltokError
 from .schema import PAD
 from .data.corpus import Corpus
 from .data.loader import Batch, document_windows
@@ -198,6 +199,13 @@ class Calibration:
     evaluations: int
 
 
+def rate_knob(model: nn.Module):
+    """The model's router's rate knob (``BoundaryModule.rate_knob``), or None: no router (a flat
+    baseline) or a router without one."""
+    boundary = getattr(model, "boundary", None)
+    return None if boundary is None else boundary.rate_knob()
+
+
 @torch.no_grad()
 def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float, *, docs: int | None = 256,
                    tol: float = 0.002, max_evals: int = 24, **eval_kw) -> Calibration:
@@ -212,9 +220,7 @@ def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float
     on other text is its own (0.185-0.239 across three rl seeds on the test documents' first 512
     bytes, with training held at 0.20); comparing methods at equal rate, and so equal compute, at
     evaluation needs the knob moved there."""
-    from .errors import RltokError
-
-    knob = getattr(getattr(model, "boundary", None), "rate_knob", lambda: None)()
+    knob = rate_knob(model)
     if knob is None:
         raise RltokError("this model's router has no rate to calibrate (rl needs "
                          "boundary.rate_integral_gain > 0, hnet boundary.rate_control=threshold)")
@@ -234,7 +240,7 @@ def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float
     if sign < 0:
         a, b = hi, lo
     # start from the bracket on the side of the target the current value leaves
-    if (r0 < target):
+    if r0 < target:
         a = before
     else:
         b = before

@@ -202,7 +202,15 @@ def test_eval_calibrate_rate_from_the_command_line(small_corpus_file, tmp_path, 
     cfg = build_config("uniform", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 1,
                                                       "train.eval_docs": 2})
     train(cfg, tmp_path / "u", progress=False)
+    # against a flat baseline (no router, so no knob): calibrates this run only
+    cfg = build_config("bytes", "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 1,
+                                                    "train.eval_docs": 2})
+    train(cfg, tmp_path / "b", progress=False)
     capsys.readouterr()
+    assert main(["eval", str(tmp_path / "rl"), "--calibrate-rate", "--against", str(tmp_path / "b"), "--json",
+                 "--dtype", "fp32"]) == 0
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert "calibration" in d and "calibration" not in d["against"] and d["against"]["method"] == "bytes"
     assert main(["eval", str(tmp_path / "u"), "--calibrate-rate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no rate to calibrate" in err[0]

@@ -198,14 +198,11 @@ def _eval_corpus(name: str, cfg, splits):
 
 
 def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> dict:
-    import numpy as np
-
     import rltok
     from rltok.analysis import boundary_stats, stage_stats
     from rltok.bpe import load_tokenizer
     from rltok.compare import training_record
     from rltok.data import load_splits
-    from rltok.evaluate import evaluate_corpus
     from rltok.flat import ByteLM
 
     model = rltok.load(run)
@@ -216,11 +213,7 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
            "bytes": RUNGS[rung], "corpus": "english", "train_split_bytes": train_bytes,
            "epochs": RUNGS[rung] / train_bytes, "weights": model.weights, **training_record(run, model)}
     rec.pop("flops", None)
-    for name, spec in EVAL_SETS.items():
-        corpus = _eval_corpus(name, cfg, splits)
-        r = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=spec.get("docs"), whole=spec.get("whole", False),
-                            dtype=cfg.train.dtype, batch_size=16)
-        rec[name] = r.to_dict(per_doc=True)
+    rec.update(measure_sets(model, splits))
     # boundary statistics on the first 64 test documents, against the shared BPE
     test = splits.test
     docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
@@ -234,7 +227,27 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path, tokenizer: Path) -> 
     calibrated = measure_at_rate(model, splits)  # last: it moves the model's rate knob
     if calibrated is not None:
         rec["calibrated"] = calibrated
+    return _plain(rec)
+
+
+def _plain(rec: dict) -> dict:
+    """``rec`` with numpy scalars as floats (what the cell files hold)."""
+    import numpy as np
+
     return json.loads(json.dumps(rec, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
+
+
+def measure_sets(model, splits) -> dict:
+    """Every evaluation set (EVAL_SETS) scored, with the per-document values."""
+    from rltok.evaluate import evaluate_corpus
+
+    cfg = model.run_config
+    out = {}
+    for name, spec in EVAL_SETS.items():
+        r = evaluate_corpus(model, _eval_corpus(name, cfg, splits), cfg.model.seq_len, docs=spec.get("docs"),
+                            whole=spec.get("whole", False), dtype=cfg.train.dtype, batch_size=16)
+        out[name] = r.to_dict(per_doc=True)
+    return out
 
 
 def measure_at_rate(model, splits) -> dict | None:
@@ -243,28 +256,21 @@ def measure_at_rate(model, splits) -> dict | None:
     text, not only on the training stream. None for a router without a knob (the rules hold
     their rate exactly; nawrot, bpe, whitespace, and the rl rows with the paper's penalty only,
     have none)."""
-    from rltok.evaluate import calibrate_rate, evaluate_corpus
+    from rltok.evaluate import calibrate_rate, rate_knob
 
-    if getattr(getattr(model, "boundary", None), "rate_knob", lambda: None)() is None:
+    if rate_knob(model) is None:
         return None
     cfg = model.run_config
     c = calibrate_rate(model, splits.val, cfg.model.seq_len, cfg.boundary.target_rate, docs=256,
                        dtype=cfg.train.dtype, batch_size=16)
     rec = {"on": "validation: BOS + the first seq_len bytes of 256 documents", "value": c.value,
            "val_rate": c.rate, "before_value": c.before_value, "before_val_rate": c.before_rate,
-           "evaluations": c.evaluations}
-    for name, spec in EVAL_SETS.items():
-        corpus = _eval_corpus(name, cfg, splits)
-        r = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=spec.get("docs"), whole=spec.get("whole", False),
-                            dtype=cfg.train.dtype, batch_size=16)
-        rec[name] = r.to_dict(per_doc=True)
+           "evaluations": c.evaluations, **measure_sets(model, splits)}
     return rec
 
 
 def cmd_calibrate(args) -> int:
     """Add the calibrated measurements (``measure_at_rate``) to finished cells that lack them."""
-    import numpy as np
-
     import rltok
     from rltok.checkpoint import write_json_atomic
     from rltok.data import load_splits
@@ -286,7 +292,7 @@ def cmd_calibrate(args) -> int:
         if cal is None:
             rec["no_rate_knob"] = True
         else:
-            rec["calibrated"] = json.loads(json.dumps(cal, default=lambda x: float(x) if isinstance(x, np.floating) else str(x)))
+            rec["calibrated"] = _plain(cal)
             print(f"calibrated {rec['rung']} {rec['tag']} s{rec['seed']}: test rate {rec['rate']:.3f} -> "
                   f"{cal['test']['rate']:.3f}, bpb {rec['bpb']:.4f} -> {cal['test']['bpb']:.4f}", flush=True)
         write_json_atomic(path, rec)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..bpe import encode_many, load_run_tokenizer, prepare_tokenizer
+from ..bpe import TokenizerOptions, encode_many, load_run_tokenizer, prepare_tokenizer
 from ..schema import BOS, BoundaryConfig, RunConfig
 from ..errors import RltokError
 from ..model.chunking import decided_mask, force_ends
@@ -36,17 +36,12 @@ from ..model.unet import ByteUNet
 
 
 @dataclass
-class BpeConfig(BoundaryConfig):
-    tokenizer: str = ""  # a tokenizers JSON to use instead of fitting one (copied into the run)
-    vocab_size: int = 0  # > 0: train exactly this vocabulary size; 0: fit it to target_rate
-    fit_bytes: int = 20_000_000  # training bytes (first documents of the split) used to fit the BPE
+class BpeConfig(TokenizerOptions, BoundaryConfig):
+    """The tokenizer's options (``TokenizerOptions``) under ``boundary.*``."""
 
     def validate(self) -> None:
         super().validate()
-        if self.vocab_size < 0 or (0 < self.vocab_size < 260):
-            raise RltokError(f"boundary.vocab_size={self.vocab_size} must be 0 (fit to the rate) or >= 260")
-        if self.fit_bytes < 1:
-            raise RltokError("boundary.fit_bytes must be >= 1")
+        self.check_tokenizer_options("boundary")
 
 
 def runs_of(row: np.ndarray) -> list[tuple[int, bytes]]:

@@ -60,7 +60,7 @@ def run(args) -> int:
     apply_threads(args)
     from ..data import load_splits
     from ..data.corpus import Corpus
-    from ..evaluate import evaluate_corpus
+    from ..evaluate import evaluate_corpus, rate_knob
     from ..schema import RATE_TARGETED, off_target
     from ..errors import RltokError
     from ..run import describe_weights, load_model
@@ -73,15 +73,16 @@ def run(args) -> int:
         raise RltokError(f"--stride {args.stride} is longer than the model's context (seq_len {cfg.model.seq_len})")
     if args.data is not None:
         cfg.data.source = args.data
+    splits = load_splits(cfg) if args.split != "all" or args.calibrate_rate else None
     if args.split == "all":
         from ..data.sources import load_corpus
 
         corpus: Corpus = load_corpus(cfg.data.source, cfg.data)
     else:
-        corpus = getattr(load_splits(cfg), args.split)
+        corpus = getattr(splits, args.split)
     from ..rates import requested_rate
 
-    cal_docs = load_splits(cfg).val if args.calibrate_rate else None
+    cal_docs = splits.val if args.calibrate_rate else None
     calibration = _calibrate(model, cal_docs, args) if args.calibrate_rate else None
     with requested_rate(model, args.rate):  # a rate the model was not trained for: refused in one line
         res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
@@ -103,10 +104,7 @@ def run(args) -> int:
         from ..evaluate import paired_difference
 
         model2 = load_model(args.against, device=args.device)
-        if args.calibrate_rate and getattr(model2.boundary, "rate_knob", lambda: None)() is not None:
-            d_cal2 = _calibrate(model2, cal_docs, args)
-        else:
-            d_cal2 = None
+        d_cal2 = _calibrate(model2, cal_docs, args) if args.calibrate_rate and rate_knob(model2) is not None else None
         other = evaluate_corpus(model2, corpus, model2.run_config.model.seq_len, docs=args.docs,
                                 samples=args.samples, mode="greedy" if args.greedy else "sample",
                                 batch_size=args.batch_size, seed=args.seed,

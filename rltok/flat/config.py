@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..bpe import TokenizerOptions
 from ..errors import RltokError
 
 
@@ -41,18 +42,14 @@ class BytesLMConfig(FlatConfig):
 
 
 @dataclass
-class TokenLMConfig(FlatConfig):
-    tokenizer: str = ""  # a tokenizers JSON to use instead of fitting one (copied into the run)
-    vocab_size: int = 0  # > 0: train exactly this vocabulary size; 0: fit it to boundary.target_rate
-    fit_bytes: int = 20_000_000  # training bytes (first documents of the split) used to fit the BPE
+class TokenLMConfig(TokenizerOptions, FlatConfig):
+    """The tokenizer's options (``TokenizerOptions``) under ``flat.*``, and its measured rate."""
+
     token_rate: float = 0.0  # tokens per byte of the tokenizer (measured at setup); 0: target_rate
 
     def validate(self) -> None:
         super().validate()
-        if self.vocab_size < 0 or (0 < self.vocab_size < 260):
-            raise RltokError(f"flat.vocab_size={self.vocab_size} must be 0 (fit to the rate) or >= 260")
-        if self.fit_bytes < 1:
-            raise RltokError("flat.fit_bytes must be >= 1")
+        self.check_tokenizer_options("flat")
         if self.token_rate < 0:
             raise RltokError(f"flat.token_rate={self.token_rate} must be >= 0")
 
