@@ -52,3 +52,39 @@ def test_summary_pairs_seeds_against_uniform_and_flags_matching(study):
     assert "rate_matched" not in s["bytes-params"]  # a flat model has no boundary rate to match
     table = study.tables(study.summarize(cells))
     assert "| hnet | 3 |" in table and " *" in table and " †" in table
+
+
+def _stats(rate, hist):
+    keys = ("whitespace_precision", "whitespace_recall", "bpe_precision", "bpe_recall", "bpe_f1",
+            "mean_chunk_bytes", "entropy_bits")
+    return {"rate": rate, "chunk_hist": hist, **{k: 0.5 for k in keys}}
+
+
+def test_boundary_statistics_pool_seeds_and_bpe_lm_gap_closes_per_doubling(study, tmp_path):
+    cells = []
+    for rung, bpe_gap in (("2M", -0.6), ("8M", -0.4)):  # bpe-lm's lead over rl, per rung
+        for s in (1, 2, 3):
+            rl = _cell("rl", "rl", s, 3.0 + 0.01 * s)
+            rl["boundary_stats"] = _stats(0.2, [3, 1] if s == 1 else [1, 3])
+            lm = _cell("bpe-lm", "bpe-lm", s, rl["test"]["bpb"] + bpe_gap)
+            lm["boundary_stats"] = _stats(0.3, [2, 2])
+            for c in (rl, lm):
+                c["rung"] = rung
+                c["bytes"] = study.RUNGS[rung]
+            cells += [rl, lm]
+    cells += [_cell("bytes", "bytes", s, 3.5) for s in (1, 2, 3)]  # flat: no boundaries
+    summary = study.summarize(cells)
+    # chunk lengths pooled over the seeds' counts: (3+1+1, 1+3+3) / 12
+    assert summary["2M"]["rl"]["chunk_hist"] == pytest.approx([5 / 12, 7 / 12])
+    assert summary["2M"]["rl"]["boundary"]["rate"] == pytest.approx(0.2)
+    assert summary["2M"]["rl"]["rate"] == pytest.approx(0.2)  # the evaluation rate is not overwritten
+    table = study.boundary_table(summary)
+    assert "| rl | 3 |" in table and "| bytes |" not in table
+    gap = study.bpe_lm_gap(summary)
+    # 2M -> 8M is two doublings: (-0.4 - -0.6) / 2 = +0.1 per doubling; level after 4 more (128 MB)
+    assert "-0.600 ± 0.000" in gap and "+0.100 bits/byte per doubling" in gap
+    assert "4.0 more doublings" in gap and "128 MB" in gap
+    # the best chunking U-Net is rl (bpe-lm is not one)
+    assert "| 8M | 3 | -0.400 ± 0.000 |" in gap and "| rl | -0.400 |" in gap
+    study.chunk_plot(summary, tmp_path / "chunks.png")
+    assert (tmp_path / "chunks.png").stat().st_size > 0

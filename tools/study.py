@@ -402,7 +402,11 @@ def summarize(cells: list[dict]) -> dict:
             for k in ("whitespace_recall", "word_start_recall"):
                 s[k] = float(np.mean([c["test"][k] for c in cs]))
             if all("boundary_stats" in c for c in cs):
-                s["bpe_f1"] = float(np.mean([c["boundary_stats"].get("bpe_f1", float("nan")) for c in cs]))
+                s["boundary"] = {k: float(np.mean([c["boundary_stats"].get(k, float("nan")) for c in cs]))
+                                 for k in BOUNDARY_STATS}
+                # chunk lengths pooled over seeds, as fractions of all chunks
+                h = np.sum([c["boundary_stats"]["chunk_hist"] for c in cs], axis=0)
+                s["chunk_hist"] = (h / max(1, h.sum())).tolist()
             s["flops_vs_rl"] = s["flops_per_byte"] / rl_flops
             s["flop_matched"] = abs(s["flops_vs_rl"] - 1) <= FLOP_TOLERANCE
             if s["method"] in ("rl", "uniform", "nawrot", "hnet", "bpe", "stride"):
@@ -414,6 +418,121 @@ def summarize(cells: list[dict]) -> dict:
                     holds_rate(_num(c.get("rate")), _num(c.get("train_rate_late")), s["target_rate"]) for c in cs)
             out.setdefault(rung, {})[tag] = s
     return out
+
+
+# boundary statistics of the first 64 test documents (rltok.analysis.boundary_stats), averaged over seeds
+BOUNDARY_STATS = ("rate", "whitespace_precision", "whitespace_recall", "bpe_precision", "bpe_recall", "bpe_f1",
+                  "mean_chunk_bytes", "entropy_bits")
+
+
+def boundary_table(summary: dict) -> str:
+    """Per rung: where each method cuts (mean over seeds), beside its test bits/byte."""
+    lines = []
+    order = list(VARIANTS) + list(ABLATIONS)
+    for rung in sorted(summary, key=lambda r: RUNGS[r]):
+        lines += [f"### {rung} bytes per run: boundary statistics", "",
+                  "| method | seeds | test bpb | rate | ws precision | ws recall | word-start recall "
+                  "| BPE precision | BPE recall | BPE F1 | mean chunk bytes | policy entropy (bits) |",
+                  "|" + "---|" * 12]
+        for tag in [t for t in order if t in summary[rung] and "boundary" in summary[rung][t]]:
+            s = summary[rung][tag]
+            b = s["boundary"]
+            lines.append(
+                f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {b['rate']:.3f} "
+                f"| {b['whitespace_precision']:.3f} | {b['whitespace_recall']:.3f} | {s['word_start_recall']:.3f} "
+                f"| {b['bpe_precision']:.3f} | {b['bpe_recall']:.3f} | {b['bpe_f1']:.3f} "
+                f"| {b['mean_chunk_bytes']:.2f} | {b['entropy_bits']:.3f} |")
+        lines.append("")
+    lines += ["On the first 64 test documents, cut into seq_len − 1 byte pieces (rltok.analysis.boundary_stats), "
+              "mean over seeds; the word-start recall is the evaluation's, on the 256 test documents. ws recall: "
+              "whitespace bytes that end a chunk / whitespace bytes; ws precision: chunk ends on whitespace / "
+              "chunk ends; word-start recall: first bytes of words that end a chunk / first bytes of words (the "
+              "\"word \" chunks shifted by one byte); BPE: against the shared BPE's token ends in BPE "
+              "guidance's convention (results/study/bpe.json); policy entropy: the mean binary entropy of the "
+              "boundary decisions (0 for a deterministic rule, H(0.2) = 0.722 for uniform). Chunk-length "
+              "histograms: chunks.png."]
+    return "\n".join(lines)
+
+
+def bpe_lm_gap(summary: dict) -> str:
+    """The BPE-token LM against rl and against the best chunking U-Net at each rung (Δ bits/byte,
+    paired by seed), and how much of the gap closes per doubling of training bytes between rungs."""
+    import numpy as np
+
+    rungs = [r for r in sorted(summary, key=lambda r: RUNGS[r]) if "bpe-lm" in summary[r]]
+    lines = ["### The BPE-token LM's lead, rung by rung", "",
+             "| rung | bpe-lm seeds | Δ bpe-lm − rl (test) | Δ bpe-lm − rl (C4) | Δ bpe-lm − rl (WikiText-2) "
+             "| best chunking U-Net (test) | Δ bpe-lm − it (test) |", "|" + "---|" * 7]
+    gaps = {}
+    for rung in rungs:
+        s = summary[rung]
+        b = s["bpe-lm"]
+
+        def d(ev):
+            return _pm(b[f"{ev}_delta_vs_rl"], 3) if f"{ev}_delta_vs_rl" in b else "—"
+
+        chunking = {t: v for t, v in s.items() if "chunk_hist" in v and v["method"] != "bpe-lm"}
+        best = min(chunking, key=lambda t: chunking[t]["test_bpb"]["mean"]) if chunking else None
+        vs_best = (f"{b['test_bpb']['mean'] - chunking[best]['test_bpb']['mean']:+.3f}" if best else "—")
+        lines.append(f"| {rung} | {len(b['seeds'])} | {d('test')} | {d('c4')} | {d('wikitext')} "
+                     f"| {best or '—'} | {vs_best} |")
+        if "test_delta_vs_rl" in b:
+            gaps[rung] = b["test_delta_vs_rl"]["mean"]
+    lines.append("")
+    ks = list(gaps)
+    for a, c in zip(ks, ks[1:]):
+        doublings = float(np.log2(RUNGS[c] / RUNGS[a]))
+        per = (gaps[c] - gaps[a]) / doublings
+        line = (f"- {a} → {c}: the test gap moves {gaps[a]:+.3f} → {gaps[c]:+.3f}, "
+                f"{per:+.3f} bits/byte per doubling of training bytes")
+        if per > 0 and gaps[c] < 0:
+            # a straight line in log-bytes: a projection, not a measurement
+            line += (f"; at that rate rl would draw level after {-gaps[c] / per:.1f} more doublings "
+                     f"(≈ {RUNGS[c] * 2 ** (-gaps[c] / per) / 1e6:,.0f} MB per run), if the trend held")
+        lines.append(line)
+    if len(ks) < 2:
+        lines.append("- one rung so far: no rate of closing yet")
+    lines += ["", "Δ: per seed, bpe-lm's bits/byte minus rl's of the same seed on the same documents; mean ± SE "
+              "over the shared seeds. Best chunking U-Net: the lowest mean test bits/byte among the U-Nets at "
+              "that rung, whatever its rate or FLOPs (see the main tables)."]
+    return "\n".join(lines)
+
+
+def chunk_plot(summary: dict, out: Path) -> None:
+    """Chunk-length histograms: one panel per rung, one line per chunking method (pooled over seeds)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rungs = sorted(summary, key=lambda r: RUNGS[r])
+    fig, axes = plt.subplots(1, len(rungs), figsize=(6.5 * len(rungs), 4.5), squeeze=False)
+    cmap = plt.get_cmap("tab20")
+    tags = [t for t in list(VARIANTS) + list(ABLATIONS) if any("chunk_hist" in summary[r].get(t, {}) for r in rungs)]
+    for ax, rung in zip(axes[0], rungs):
+        for i, tag in enumerate(tags):
+            h = summary[rung].get(tag, {}).get("chunk_hist")
+            if h:
+                ax.plot(range(1, len(h) + 1), [v if v > 0 else float("nan") for v in h], marker=".",
+                        color=cmap(i % 20), label=tag,
+                        ls="-" if tag in VARIANTS else "--")
+        n = max((len(summary[rung][t]["chunk_hist"]) for t in tags if "chunk_hist" in summary[rung].get(t, {})),
+                default=0)
+        ax.set_xticks(range(1, n + 1, 2))
+        ax.set_xticklabels([str(k) if k < n else f"{k}+" for k in range(1, n + 1, 2)], fontsize=8)
+        ax.set_xlabel("chunk length (bytes; last bin: that or longer)")
+        ax.set_yscale("log")  # stride's single length would flatten every other curve
+        ax.set_ylabel("fraction of chunks (log)")
+        ax.set_title(f"{rung} bytes per run: chunk lengths on 64 test documents", fontsize=10)
+        ax.grid(alpha=0.3)
+    handles = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(lab, h)
+    fig.legend(list(handles.values()), list(handles), fontsize=8, loc="center right")
+    fig.tight_layout(rect=(0, 0, 0.86, 1))
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
 
 
 def at_rate(cell: dict) -> dict:
@@ -541,8 +660,10 @@ def cmd_report(args) -> int:
                     "measurements where it has them.")
     (OUT / "tables.md").write_text(tables(summary) + "\n\n## At r* on the evaluation text\n\n" + at_rate_note
                                    + "\n\n" + tables(summary_at_rate, ", at r* on the evaluation text", True) + "\n")
+    (OUT / "boundaries.md").write_text(boundary_table(summary) + "\n\n" + bpe_lm_gap(summary) + "\n")
     plot(summary, OUT / "ladder.png")
-    print(f"wrote {OUT}/results.json, tables.md, ladder.png ({len(cells)} cells)")
+    chunk_plot(summary, OUT / "chunks.png")
+    print(f"wrote {OUT}/results.json, tables.md, boundaries.md, ladder.png, chunks.png ({len(cells)} cells)")
     return 0
 
 
