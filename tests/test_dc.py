@@ -62,3 +62,31 @@ def test_ema_smooth_steps_equal_its_forward():
         pending = dech.merge(pending, zhat[:, c], probs[:, t])
         torch.testing.assert_close(pending, ref[:, c], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(dech.prefill_pending(zhat, out, ch, torch.tensor([8])), ref[:, 2], atol=1e-6, rtol=1e-5)
+
+
+def test_row_helpers_on_a_nested_state_by_hand():
+    import dataclasses
+
+    from rltok.boundaries.base import assign_rows, select_rows, where_rows
+
+    @dataclasses.dataclass
+    class St:
+        a: torch.Tensor
+        rest: dict
+        tag: str = "kept"
+
+    state = St(a=torch.arange(3.0), rest={"l": [torch.arange(6).view(3, 2), None]})
+    rows = torch.tensor([2, 0])
+    sub = select_rows(state, rows)
+    assert sub.a.tolist() == [2.0, 0.0] and sub.rest["l"][0].tolist() == [[4, 5], [0, 1]]
+    assert sub.rest["l"][1] is None and sub.tag == "kept"
+    back = assign_rows(state, rows, St(a=torch.tensor([20.0, 0.5]), rest={"l": [-sub.rest["l"][0], None]}))
+    assert back.a.tolist() == [0.5, 1.0, 20.0]
+    assert back.rest["l"][0].tolist() == [[0, -1], [2, 3], [-4, -5]]
+    assert state.a.tolist() == [0.0, 1.0, 2.0]  # not in place
+    mask = torch.tensor([True, False, True])
+    mixed = where_rows(mask, back, state)
+    assert mixed.a.tolist() == [0.5, 1.0, 20.0] and mixed.rest["l"][0].tolist() == [[0, -1], [2, 3], [-4, -5]]
+    mixed = where_rows(~mask, back, state)
+    assert mixed.a.tolist() == [0.0, 1.0, 2.0] and mixed.rest["l"][0][1].tolist() == [2, 3]
+    assert where_rows(mask, back, None) is back and assign_rows(state, rows, None) is state

@@ -186,57 +186,44 @@ class BoundaryModule(nn.Module):
         return cls.causal or not cls.decode_matches_forward
 
 
-def select_rows(state: Any, rows: Tensor) -> Any:
-    """Index the batch (first) axis of every tensor in a nested state (None, tensors, lists,
-    tuples, dicts, dataclasses)."""
-    if state is None:
-        return None
+def map_states(fn: Callable[..., Tensor], state: Any, *others: Any) -> Any:
+    """``fn`` applied to each tensor of a nested state (None, tensors, lists, tuples, dicts,
+    dataclasses) and the tensors at the same place in ``others`` (states of the same structure);
+    every other leaf of ``state`` is kept as it is."""
     if isinstance(state, Tensor):
-        return state[rows]
+        return fn(state, *others)
     if isinstance(state, (list, tuple)):
-        return type(state)(select_rows(x, rows) for x in state)
+        return type(state)(map_states(fn, *xs) for xs in zip(state, *others))
     if isinstance(state, dict):
-        return {k: select_rows(v, rows) for k, v in state.items()}
+        return {k: map_states(fn, v, *(o[k] for o in others)) for k, v in state.items()}
     if dataclasses.is_dataclass(state):
-        return dataclasses.replace(state, **{f.name: select_rows(getattr(state, f.name), rows)
+        return dataclasses.replace(state, **{f.name: map_states(fn, getattr(state, f.name),
+                                                                *(getattr(o, f.name) for o in others))
                                              for f in dataclasses.fields(state)})
     return state
+
+
+def select_rows(state: Any, rows: Tensor) -> Any:
+    """Index the batch (first) axis of every tensor in a nested state."""
+    return map_states(lambda x: x[rows], state)
 
 
 def assign_rows(state: Any, rows: Tensor, new: Any) -> Any:
     """``state`` with the batch rows ``rows`` (n,) replaced by ``new`` (a nested state of n rows,
-    as :func:`select_rows` returns), for nested states."""
+    as :func:`select_rows` returns)."""
     if new is None:
         return state
     if state is None:
         raise ValueError("assign_rows: rows of a state that does not exist (None)")
-    if isinstance(state, Tensor):
-        return state.index_copy(0, rows, new.to(state.dtype))
-    if isinstance(state, (list, tuple)):
-        return type(state)(assign_rows(a, rows, b) for a, b in zip(state, new))
-    if isinstance(state, dict):
-        return {k: assign_rows(state[k], rows, new[k]) for k in state}
-    if dataclasses.is_dataclass(state):
-        return dataclasses.replace(state, **{f.name: assign_rows(getattr(state, f.name), rows, getattr(new, f.name))
-                                             for f in dataclasses.fields(state)})
-    return state
+    return map_states(lambda x, n: x if n is None else x.index_copy(0, rows, n.to(x.dtype)), state, new)
 
 
 def where_rows(mask: Tensor, new: Any, old: Any) -> Any:
     """``new`` on the rows where ``mask`` (B,) is True, ``old`` elsewhere, for nested states."""
     if old is None or new is None:
         return new
-    if isinstance(new, Tensor):
-        m = mask.view(-1, *([1] * (new.dim() - 1)))
-        return torch.where(m, new, old)
-    if isinstance(new, (list, tuple)):
-        return type(new)(where_rows(mask, a, b) for a, b in zip(new, old))
-    if isinstance(new, dict):
-        return {k: where_rows(mask, new[k], old[k]) for k in new}
-    if dataclasses.is_dataclass(new):
-        return dataclasses.replace(new, **{f.name: where_rows(mask, getattr(new, f.name), getattr(old, f.name))
-                                           for f in dataclasses.fields(new)})
-    return new
+    return map_states(lambda n, o: n if o is None else torch.where(mask.view(-1, *([1] * (n.dim() - 1))), n, o),
+                      new, old)
 
 
 def bernoulli_log_prob(b: Tensor, logits: Tensor) -> Tensor:
