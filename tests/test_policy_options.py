@@ -309,7 +309,7 @@ def test_integral_rate_controller_by_hand():
     F = float(sl.stats["n_boundary"] / sl.stats["n_valid"])
     assert F > 0.1  # the initial policy is above the target here
     assert float(pol.rate_offset) == pytest.approx(-2.0 * (F - 0.1), rel=1e-5)
-    assert pol.bias0 == pytest.approx(math.log(0.1 / 0.9) + float(pol.rate_offset), rel=1e-6)
+    assert float(pol.bias0) == pytest.approx(math.log(0.1 / 0.9) + float(pol.rate_offset), rel=1e-6)
     with torch.no_grad():
         lo = model(ids, noise=batch.noise).boundary.logits
         pol.rate_offset.add_(0.5)

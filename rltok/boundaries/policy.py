@@ -203,10 +203,11 @@ class BoundaryPolicy(BoundaryModule):
         return math.log(r / (1 - r))
 
     @property
-    def bias0(self) -> float:
-        """The logit every byte starts from: logit(rate), plus the integral controller's offset."""
+    def bias0(self) -> float | Tensor:
+        """The logit every byte starts from: logit(rate), plus the integral controller's offset
+        (then a 0-d tensor: reading the buffer as a float would wait on an accelerator)."""
         if self.cfg.rate_integral_gain > 0:
-            return self.prior_logit + float(self.rate_offset)
+            return self.rate_offset + self.prior_logit
         return self.prior_logit
 
     def _rate_vector(self, like: Tensor) -> Tensor | None:
