@@ -33,7 +33,9 @@ def test_plan_runs_whole_seeds_and_the_top_rung_subset(study):
     assert len(two) == 3 * len(study.VARIANTS)  # no ablations at 2 MB
     assert [c[2] for c in two[: len(study.VARIANTS)]] == [1] * len(study.VARIANTS)  # seed 1 first
     top = {c[1] for c in cells if c[0] == "32M"}
-    assert {"rl", "uniform", "nawrot", "hnet", "bpe", "bpe-lm"} <= top and "abl-gamma1" in top
+    assert {"rl", "uniform", "nawrot", "hnet", "bpe", "bpe-lm"} <= top and "abl-gamma1" not in top
+    eight = [c for c in study.plan(["8M"], ablations=True) if c[1] == "abl-gamma1"]
+    assert [c[2] for c in eight] == [1, 2, 3]  # the ablations at 8 MB, three seeds
 
 
 def test_summary_pairs_seeds_against_uniform_and_flags_matching(study):

@@ -103,6 +103,9 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's, against "rl-pena
     "abl-scale16": ("rl", ["boundary.scale=0.0625"]),
     "abl-no-rate-penalty": ("rl", ["boundary.rate_weight=0"]),
 }
+# the issue asks for the ablations "at the 8 MB rung or higher": at 8 MB (at 32 MB they would add
+# 21 cells of ~2 hours each here)
+ABLATION_RUNGS = ("8M",)
 TOP_RUNG = ("rl", "uniform", "nawrot", "hnet", "bpe", "bpe-lm", "bytes")
 LOWER_RUNGS_ONLY = ("rl-bpe-rate",)  # the issue's minimum at 32 MB
 EVAL_SETS = {
@@ -123,7 +126,7 @@ def plan(rungs: list[str], ablations: bool) -> list[tuple[str, str, int]]:
         tags = list(TOP_RUNG) if rung == "32M" else list(VARIANTS)
         if rung == "32M":
             tags = [t for t in tags if t not in LOWER_RUNGS_ONLY]
-        if ablations and rung != "2M":
+        if ablations and rung in ABLATION_RUNGS:
             tags += list(ABLATIONS)
         cells += [(rung, tag, seed) for seed in SEEDS for tag in tags]
     return cells
@@ -673,7 +676,7 @@ def main(argv=None) -> int:
     for name, fn in (("run", cmd_run), ("plan", cmd_plan)):
         q = sub.add_parser(name)
         q.add_argument("--rungs", default="2M")
-        q.add_argument("--ablations", action="store_true", help="add the paper's ablations (8 MB rung and up)")
+        q.add_argument("--ablations", action="store_true", help="add the paper's ablations (at the 8 MB rung)")
         q.add_argument("--jobs", type=int, default=2)
         q.add_argument("--tags", default="", help="only these variants, comma-separated")
         q.set_defaults(func=fn)
