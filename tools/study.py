@@ -460,8 +460,6 @@ def boundary_table(summary: dict) -> str:
 def bpe_lm_gap(summary: dict) -> str:
     """The BPE-token LM against rl and against the best chunking U-Net at each rung (Δ bits/byte,
     paired by seed), and how much of the gap closes per doubling of training bytes between rungs."""
-    import numpy as np
-
     rungs = [r for r in sorted(summary, key=lambda r: RUNGS[r]) if "bpe-lm" in summary[r]]
     lines = ["### The BPE-token LM's lead, rung by rung", "",
              "| rung | bpe-lm seeds | Δ bpe-lm − rl (test) | Δ bpe-lm − rl (C4) | Δ bpe-lm − rl (WikiText-2) "
@@ -474,7 +472,7 @@ def bpe_lm_gap(summary: dict) -> str:
         def d(ev):
             return _pm(b[f"{ev}_delta_vs_rl"], 3) if f"{ev}_delta_vs_rl" in b else "—"
 
-        chunking = {t: v for t, v in s.items() if "chunk_hist" in v and v["method"] != "bpe-lm"}
+        chunking = {t: v for t, v in s.items() if "boundary" in v and v["method"] != "bpe-lm"}
         best = min(chunking, key=lambda t: chunking[t]["test_bpb"]["mean"]) if chunking else None
         vs_best = (f"{b['test_bpb']['mean'] - chunking[best]['test_bpb']['mean']:+.3f}" if best else "—")
         lines.append(f"| {rung} | {len(b['seeds'])} | {d('test')} | {d('c4')} | {d('wikitext')} "
@@ -484,7 +482,7 @@ def bpe_lm_gap(summary: dict) -> str:
     lines.append("")
     ks = list(gaps)
     for a, c in zip(ks, ks[1:]):
-        doublings = float(np.log2(RUNGS[c] / RUNGS[a]))
+        doublings = math.log2(RUNGS[c] / RUNGS[a])
         per = (gaps[c] - gaps[a]) / doublings
         line = (f"- {a} → {c}: the test gap moves {gaps[a]:+.3f} → {gaps[c]:+.3f}, "
                 f"{per:+.3f} bits/byte per doubling of training bytes")
@@ -501,6 +499,13 @@ def bpe_lm_gap(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _colour(tag: str):
+    """One colour per method, the same in every figure (its place among all variants; tab20)."""
+    import matplotlib.pyplot as plt
+
+    return plt.get_cmap("tab20")(list(variants()).index(tag) % 20)
+
+
 def chunk_plot(summary: dict, out: Path) -> None:
     """Chunk-length histograms: one panel per rung, one line per chunking method (pooled over seeds)."""
     import matplotlib
@@ -510,14 +515,13 @@ def chunk_plot(summary: dict, out: Path) -> None:
 
     rungs = sorted(summary, key=lambda r: RUNGS[r])
     fig, axes = plt.subplots(1, len(rungs), figsize=(6.5 * len(rungs), 4.5), squeeze=False)
-    cmap = plt.get_cmap("tab20")
-    tags = [t for t in list(VARIANTS) + list(ABLATIONS) if any("chunk_hist" in summary[r].get(t, {}) for r in rungs)]
+    tags = [t for t in variants() if any("chunk_hist" in summary[r].get(t, {}) for r in rungs)]
     for ax, rung in zip(axes[0], rungs):
-        for i, tag in enumerate(tags):
+        for tag in tags:
             h = summary[rung].get(tag, {}).get("chunk_hist")
             if h:
                 ax.plot(range(1, len(h) + 1), [v if v > 0 else float("nan") for v in h], marker=".",
-                        color=cmap(i % 20), label=tag,
+                        color=_colour(tag), label=tag,
                         ls="-" if tag in VARIANTS else "--")
         n = max((len(summary[rung][t]["chunk_hist"]) for t in tags if "chunk_hist" in summary[rung].get(t, {})),
                 default=0)
@@ -608,8 +612,7 @@ def plot(summary: dict, out: Path) -> None:
     tags = [t for t in VARIANTS if any(t in summary[r] for r in rungs)]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
     # one colour and marker per method, the same in both panels (16+ methods: tab20 and 6 markers)
-    cmap = plt.get_cmap("tab20")
-    color = {tag: cmap(i % 20) for i, tag in enumerate(tags)}
+    color = {tag: _colour(tag) for tag in tags}
     markers = "osD^vP"
     marker = {tag: markers[i % len(markers)] for i, tag in enumerate(tags)}
     for tag in tags:
