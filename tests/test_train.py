@@ -167,6 +167,12 @@ def test_metrics_also_go_to_tensorboard_and_wandb(sink, tmp_path, small_corpus_f
         assert all(abs(got[s] - logged[s]) < 1e-3 for s in got)
         assert "final_eval/val_bpb" in acc.Tags()["scalars"]
     else:
+        import wandb
+
+        # run.finish() waits for the exit record, but wandb-core's writer may still hold the
+        # record file's tail in a buffer (CI once read only its 7-byte header under load);
+        # teardown stops the service, which closes the file, as process exit does for the CLI
+        wandb.teardown()
         runs = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
         assert len(runs) == 1
         # the offline run's record file holds each history item as its key and JSON value
