@@ -209,12 +209,12 @@ def rate_knob(model: nn.Module):
 @torch.no_grad()
 def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float, *, docs: int | None = 256,
                    tol: float = 0.002, max_evals: int = 24, **eval_kw) -> Calibration:
-    """Set the router's rate knob (``BoundaryModule.rate_knob``: rl's integral-controller logit
-    offset, hnet's controlled threshold) so that its rate on ``corpus`` -- scored as
-    :func:`evaluate_corpus` scores it, same documents, same draws -- is within ``tol`` of
-    ``target``, by bisection (the rate is monotone in the knob: the draws are fixed). The model
-    keeps the new value (it is a buffer: saved with the weights). Calibrate on documents you do
-    not report (the validation split), then score the test sets.
+    """Set the router's rate knob (``BoundaryModule.rate_knob``: rl's logit offset, hnet's
+    controlled threshold) so that its rate on ``corpus`` -- scored as :func:`evaluate_corpus`
+    scores it, same documents, same draws -- is within ``tol`` of ``target``, by bisection (the
+    rate is monotone in the knob: the draws are fixed). The model keeps the new value (it is a
+    buffer: saved with the weights). Calibrate on documents you do not report (the validation
+    split), then score the test sets.
 
     Why: a controller holds the rate on the training stream, but a content-adaptive router's rate
     on other text is its own (0.185-0.239 across three rl seeds on the test documents' first 512
@@ -222,8 +222,8 @@ def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float
     evaluation needs the knob moved there."""
     knob = rate_knob(model)
     if knob is None:
-        raise RltokError("this model's router has no rate to calibrate (rl needs "
-                         "boundary.rate_integral_gain > 0, hnet boundary.rate_control=threshold)")
+        raise RltokError("this model's router has no rate to calibrate (rl has one; hnet needs "
+                         "boundary.rate_control=threshold)")
     buf, sign, lo, hi = knob
     before = float(buf)
     n = 0

@@ -319,5 +319,14 @@ def test_integral_rate_controller_by_hand():
     before = float(pol.rate_offset)
     training_loss(model, batch, cfg)
     assert float(pol.rate_offset) == before
+    # without the controller the offset is a knob for calibration only: not moved in training,
+    # not saved (penalty-only weights keep their tensor names), but it moves every logit
     plain = build_model(build_config("rl", "smoke"))
     assert "boundary.rate_offset" not in plain.state_dict()
+    training_loss(plain, batch, build_config("rl", "smoke"))
+    assert float(plain.boundary.rate_offset) == 0.0
+    with torch.no_grad():
+        lo = plain(ids, noise=batch.noise).boundary.logits
+        plain.boundary.rate_offset.fill_(0.5)
+        hi = plain(ids, noise=batch.noise).boundary.logits
+    assert ((hi - lo) > 0).all()

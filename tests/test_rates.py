@@ -152,6 +152,7 @@ def _calibration_corpus():
 
 
 @pytest.mark.parametrize("method,over", [("rl", {"boundary.rate_integral_gain": 1.0, "boundary.scale": 4.0}),
+                                         ("rl", {"boundary.scale": 4.0}),  # the paper's penalty only
                                          ("hnet", {"boundary.rate_control": "threshold"})])
 @pytest.mark.parametrize("target", [0.12, 0.3])
 def test_calibrate_rate_hits_the_target_on_the_calibration_text(method, over, target):
@@ -180,7 +181,7 @@ def test_calibrate_rate_refuses_a_router_without_a_knob_in_one_line():
     from rltok.evaluate import calibrate_rate
     from rltok.run import build_model
 
-    for method, over in (("uniform", {}), ("rl", {})):  # rl without the integral controller
+    for method, over in (("uniform", {}), ("hnet", {})):  # hnet without rate_control=threshold
         m = build_model(build_config(method, "smoke", overrides={"model.seq_len": 64, **over}))
         with pytest.raises(RltokError, match="no rate to calibrate"):
             calibrate_rate(m, _calibration_corpus(), 64, 0.2, docs=None, dtype="fp32")

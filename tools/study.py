@@ -257,8 +257,8 @@ def measure_at_rate(model, splits) -> dict | None:
     """Every evaluation set again with the router's rate knob calibrated on the validation split
     to r* (``rltok.evaluate.calibrate_rate``): the comparison at equal rate on the evaluation
     text, not only on the training stream. None for a router without a knob (the rules hold
-    their rate exactly; nawrot, bpe, whitespace, and the rl rows with the paper's penalty only,
-    have none)."""
+    their rate exactly; nawrot, bpe and whitespace have none). Every rl row has one, its logit
+    offset, the paper's penalty-only rows and the ablations included."""
     from rltok.evaluate import calibrate_rate, rate_knob
 
     if rate_knob(model) is None:
@@ -282,7 +282,8 @@ def cmd_calibrate(args) -> int:
     set_threads(1)
     for path in sorted((OUT / "cells").glob("*/*.json")):
         rec = json.loads(path.read_text())
-        if "calibrated" in rec or rec.get("no_rate_knob") or (args.rungs and rec["rung"] not in args.rungs.split(",")):
+        # no_rate_knob is asked again: the penalty-only rl rows gained their knob after they ran
+        if "calibrated" in rec or (args.rungs and rec["rung"] not in args.rungs.split(",")):
             continue
         if args.tags and rec["tag"] not in args.tags.split(","):
             continue
@@ -293,8 +294,11 @@ def cmd_calibrate(args) -> int:
         model = rltok.load(run)
         cal = measure_at_rate(model, load_splits(model.run_config))
         if cal is None:
+            if rec.get("no_rate_knob"):
+                continue
             rec["no_rate_knob"] = True
         else:
+            rec.pop("no_rate_knob", None)
             rec["calibrated"] = _plain(cal)
             print(f"calibrated {rec['rung']} {rec['tag']} s{rec['seed']}: test rate {rec['rate']:.3f} -> "
                   f"{cal['test']['rate']:.3f}, bpb {rec['bpb']:.4f} -> {cal['test']['bpb']:.4f}", flush=True)
@@ -658,8 +662,8 @@ def cmd_report(args) -> int:
     bpe = json.loads((OUT / "bpe.json").read_text()) if (OUT / "bpe.json").is_file() else {}
     (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "summary_at_rate": summary_at_rate,
                                                   "cells": slim}) + "\n")
-    at_rate_note = ("At r* on the evaluation text: each cell whose router has a rate knob (rl with the integral "
-                    "controller: its logit offset; hnet with rate_control=threshold: its threshold) measured "
+    at_rate_note = ("At r* on the evaluation text: each cell whose router has a rate knob (every rl row: its logit "
+                    "offset, which the integral controller moves in training and the penalty-only rows leave at 0; hnet with rate_control=threshold: its threshold) measured "
                     "again with the knob calibrated by bisection to r* on the validation split's documents "
                     "(BOS + first seq_len bytes of 256, never the test sets), within 0.002; the other cells as "
                     "trained (calibrated seeds: 0). Paired differences use each cell's calibrated "

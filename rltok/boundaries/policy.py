@@ -182,9 +182,11 @@ class BoundaryPolicy(BoundaryModule):
             self.rate_embed = nn.Linear(2, model_cfg.d_model)
             nn.init.zeros_(self.rate_embed.weight)
             nn.init.zeros_(self.rate_embed.bias)
-        if cfg.rate_integral_gain > 0:
-            # the integral controller's logit offset: a buffer, so saved, restored and fixed at evaluation
-            self.register_buffer("rate_offset", torch.zeros(()))
+        # the logit offset: the integral controller (rate_integral_gain > 0) moves it in training
+        # and it is saved with the weights; evaluate.calibrate_rate sets it at evaluation for any
+        # rl policy. Without the controller it stays 0 in training and is not saved, so
+        # penalty-only weights keep the tensor names they always had
+        self.register_buffer("rate_offset", torch.zeros(()), persistent=cfg.rate_integral_gain > 0)
 
     @property
     def rate(self) -> float:
@@ -192,10 +194,8 @@ class BoundaryPolicy(BoundaryModule):
         return self.cfg.target_rate if self.requested is None else self.requested
 
     def rate_knob(self):
-        # the integral controller's logit offset (it moves in training; fixed at evaluation)
-        if self.cfg.rate_integral_gain > 0:
-            return self.rate_offset, 1.0, -20.0, 20.0
-        return None
+        # the logit offset (moved in training only by the integral controller; fixed at evaluation)
+        return self.rate_offset, 1.0, -20.0, 20.0
 
     @property
     def prior_logit(self) -> float:
@@ -203,12 +203,10 @@ class BoundaryPolicy(BoundaryModule):
         return math.log(r / (1 - r))
 
     @property
-    def bias0(self) -> float | Tensor:
-        """The logit every byte starts from: logit(rate), plus the integral controller's offset
-        (then a 0-d tensor: reading the buffer as a float would wait on an accelerator)."""
-        if self.cfg.rate_integral_gain > 0:
-            return self.rate_offset + self.prior_logit
-        return self.prior_logit
+    def bias0(self) -> Tensor:
+        """The logit every byte starts from: logit(rate) plus the logit offset, a 0-d tensor
+        (reading the buffer as a float would wait on an accelerator)."""
+        return self.rate_offset + self.prior_logit
 
     def _rate_vector(self, like: Tensor) -> Tensor | None:
         """E(r) (d,), or None for an unconditioned policy. Features: logit(r) relative to the

@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="run a rate-conditioned model (trained with boundary.rate_schedule) at this "
                         "boundary rate (default: its boundary.target_rate)")
     p.add_argument("--calibrate-rate", action="store_true",
-                   help="first move the router's rate knob (rl with boundary.rate_integral_gain > 0: its "
+                   help="first move the router's rate knob (rl: its "
                         "logit offset; hnet with rate_control=threshold: its threshold) so that its rate on "
                         "the validation split of the data scored (--data, default the run's own; its first "
                         "256 documents, scored as here) is "
