@@ -90,3 +90,39 @@ def test_boundary_statistics_pool_seeds_and_bpe_lm_gap_closes_per_doubling(study
     assert "| 8M | 3 | -0.400 ± 0.000 |" in gap and "| rl | -0.400 |" in gap
     study.chunk_plot(summary, tmp_path / "chunks.png")
     assert (tmp_path / "chunks.png").stat().st_size > 0
+
+
+def test_calibrate_measures_knobbed_cells_at_rate_and_asks_knobless_ones_again(study, tmp_path, small_corpus_file,
+                                                                                monkeypatch, one_thread):
+    """study.py calibrate: a finished cell whose router has a rate knob gets its measurements at r*
+    (here the paper's penalty-only rl, flagged no_rate_knob by a checkout from before every rl
+    policy had its offset); a rule is flagged no_rate_knob; a second pass changes nothing."""
+    import argparse
+    import json
+
+    from rltok.config import build_config
+    from rltok.train import train
+
+    monkeypatch.setattr(study, "OUT", tmp_path / "out")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "runs")
+    # the real calibration on the run's validation split; the out-of-domain sets stubbed
+    monkeypatch.setattr(study, "measure_sets", lambda model, splits: {"test": {"rate": 0.2, "bpb": 1.0}})
+    cells = {}
+    for tag, method in (("rl-penalty", "rl"), ("uniform", "uniform")):
+        cfg = build_config(method, "smoke", overrides={"data.source": str(small_corpus_file), "train.max_steps": 2,
+                                                       "train.eval_docs": 2})
+        train(cfg, tmp_path / "runs" / "2M" / f"{tag}_s1", progress=False)
+        rec = {"rung": "2M", "tag": tag, "seed": 1, "rate": 0.2, "bpb": 1.0}
+        if method == "rl":
+            rec["no_rate_knob"] = True
+        cells[tag] = tmp_path / "out" / "cells" / "2M" / f"{tag}_s1.json"
+        cells[tag].parent.mkdir(parents=True, exist_ok=True)
+        cells[tag].write_text(json.dumps(rec))
+    args = argparse.Namespace(rungs="", tags="")
+    assert study.cmd_calibrate(args) == 0
+    rl, uni = (json.loads(cells[t].read_text()) for t in ("rl-penalty", "uniform"))
+    assert "no_rate_knob" not in rl and rl["calibrated"]["evaluations"] >= 1 and "test" in rl["calibrated"]
+    assert uni["no_rate_knob"] is True and "calibrated" not in uni
+    before = {t: p.read_bytes() for t, p in cells.items()}
+    assert study.cmd_calibrate(args) == 0
+    assert {t: p.read_bytes() for t, p in cells.items()} == before
