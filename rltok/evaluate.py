@@ -212,8 +212,8 @@ def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float
     """Set the router's rate knob (``BoundaryModule.rate_knob``: rl's logit offset, hnet's
     controlled threshold) so that its rate on ``corpus`` -- scored as :func:`evaluate_corpus`
     scores it, same documents, same draws -- is within ``tol`` of ``target``, by bisection (the
-    rate is monotone in the knob: the draws are fixed). The model keeps the new value (it is a
-    buffer: saved with the weights). Calibrate on documents you do not report (the validation
+    rate is monotone in the knob: the draws are fixed). The model keeps the new value (a buffer,
+    saved with the weights except a penalty-only rl policy's offset). Calibrate on documents you do not report (the validation
     split), then score the test sets.
 
     Why: a controller holds the rate on the training stream, but a content-adaptive router's rate

@@ -663,7 +663,8 @@ def cmd_report(args) -> int:
     (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "summary_at_rate": summary_at_rate,
                                                   "cells": slim}) + "\n")
     at_rate_note = ("At r* on the evaluation text: each cell whose router has a rate knob (every rl row: its logit "
-                    "offset, which the integral controller moves in training and the penalty-only rows leave at 0; hnet with rate_control=threshold: its threshold) measured "
+                    "offset, which the integral controller moves in training and the penalty-only rows leave at "
+                    "0; hnet with rate_control=threshold: its threshold) measured "
                     "again with the knob calibrated by bisection to r* on the validation split's documents "
                     "(BOS + first seq_len bytes of 256, never the test sets), within 0.002; the other cells as "
                     "trained (calibrated seeds: 0). Paired differences use each cell's calibrated "
