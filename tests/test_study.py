@@ -126,3 +126,21 @@ def test_calibrate_measures_knobbed_cells_at_rate_and_asks_knobless_ones_again(s
     before = {t: p.read_bytes() for t, p in cells.items()}
     assert study.cmd_calibrate(args) == 0
     assert {t: p.read_bytes() for t, p in cells.items()} == before
+
+
+def test_ablation_table_pairs_each_ablation_with_its_baseline_by_seed(study):
+    """The ablations are read against rl-penalty, seed by seed; a seed the baseline lacks is left
+    out and the row says over how many seeds its difference is."""
+    cells = [_cell("rl", "rl", s, 2.0) for s in (1, 2, 3)]
+    cells += [_cell("rl-penalty", "rl", s, 2.0 + 0.1 * (s - 1)) for s in (1, 2, 3)]
+    cells += [_cell("abl-gamma1", "rl", s, b) for s, b in ((1, 2.05), (2, 2.17))]
+    cells += [_cell("abl-w8", "rl", s, b) for s, b in ((1, 2.01), (2, 2.13), (4, 9.0))]
+    s = study.summarize(cells)["2M"]
+    d = s["abl-gamma1"]["test_delta_vs_rl-penalty"]
+    # per seed +0.05, +0.07: mean +0.06, SE over seeds 0.01
+    assert d["mean"] == pytest.approx(0.06) and d["se_seeds"] == pytest.approx(0.01) and d["seeds"] == 2
+    table = study.ablation_table(study.summarize(cells))
+    assert "| abl-gamma1 | 2 | 2.1100 ± 0.0600 | 0.060 ± 0.010 |" in table
+    assert "| abl-w8 | 3 | " in table and "| 0.020 ± 0.010 (2) |" in table
+    assert table.index("| rl-penalty |") < table.index("| abl-gamma1 |")
+    assert study.ablation_table(study.summarize(cells[:3])) == ""  # no ablations, no table
