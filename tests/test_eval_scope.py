@@ -112,6 +112,13 @@ def test_eval_names_the_checkpoint(unfinished, capsys, one_thread):
     assert f"checkpoints/{ck}" in out and "has not finished" in out and "first 64 bytes" in out
 
 
+def test_eval_refuses_an_empty_split_in_one_line(smoke_runs, capsys):
+    # the smoke runs hold out no test documents (data.test_docs=0): one line, not a nan score
+    assert main(["eval", str(smoke_runs["rl"]), "--split", "test"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--split test" in err[0] and "data.test_docs=0" in err[0]
+
+
 def test_eval_stride_needs_whole(smoke_runs, capsys):
     assert main(["eval", str(smoke_runs["rl"]), "--stride", "8"]) == 2
     assert "--stride needs --whole" in capsys.readouterr().err

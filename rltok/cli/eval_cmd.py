@@ -80,6 +80,10 @@ def run(args) -> int:
         corpus: Corpus = load_corpus(cfg.data.source, cfg.data)
     else:
         corpus = getattr(splits, args.split)
+        if len(corpus) == 0:  # scored, an empty split would print nan
+            hint = (f"the run holds out data.test_docs={cfg.data.test_docs} test documents: score --split val, "
+                    "or train with --set data.test_docs=N" if args.split == "test" else "score another split")
+            raise RltokError(f"--split {args.split}: {cfg.data.source} has no {args.split} documents here ({hint})")
     from ..rates import requested_rate
 
     cal_docs = splits.val if args.calibrate_rate else None
