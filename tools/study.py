@@ -278,6 +278,7 @@ def cmd_calibrate(args) -> int:
     import rltok
     from rltok.checkpoint import write_json_atomic
     from rltok.data import load_splits
+    from rltok.evaluate import rate_knob
     from rltok.threads import set_threads
 
     set_threads(1)
@@ -293,16 +294,15 @@ def cmd_calibrate(args) -> int:
             print(f"{path}: no run directory {run}; skipped", flush=True)
             continue
         model = rltok.load(run)
+        if rate_knob(model) is None:  # asked before the corpus is read: every pass asks these again
+            if not rec.get("no_rate_knob"):
+                write_json_atomic(path, {**rec, "no_rate_knob": True})
+            continue
         cal = measure_at_rate(model, load_splits(model.run_config))
-        if cal is None:
-            if rec.get("no_rate_knob"):
-                continue
-            rec["no_rate_knob"] = True
-        else:
-            rec.pop("no_rate_knob", None)
-            rec["calibrated"] = _plain(cal)
-            print(f"calibrated {rec['rung']} {rec['tag']} s{rec['seed']}: test rate {rec['rate']:.3f} -> "
-                  f"{cal['test']['rate']:.3f}, bpb {rec['bpb']:.4f} -> {cal['test']['bpb']:.4f}", flush=True)
+        rec.pop("no_rate_knob", None)
+        rec["calibrated"] = _plain(cal)
+        print(f"calibrated {rec['rung']} {rec['tag']} s{rec['seed']}: test rate {rec['rate']:.3f} -> "
+              f"{cal['test']['rate']:.3f}, bpb {rec['bpb']:.4f} -> {cal['test']['bpb']:.4f}", flush=True)
         write_json_atomic(path, rec)
     return 0
 
@@ -477,14 +477,15 @@ def ablation_table(summary: dict) -> str:
             s = summary[rung][tag]
 
             def d(ev):
-                key = f"{ev}_delta_vs_{ABLATION_BASE}"
-                return _pm(s[key], 3) + (f" ({s[key]['seeds']})" if s[key]["seeds"] < len(s["seeds"]) else "") \
-                    if key in s else "—"
+                delta = s.get(f"{ev}_delta_vs_{ABLATION_BASE}")
+                if delta is None:
+                    return "—"
+                fewer = f" ({delta['seeds']})" if delta["seeds"] < len(s["seeds"]) else ""
+                return _pm(delta, 3) + fewer
 
-            rate_mark = " *" if s.get("rate_matched") is False else ""
             lines.append(f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {d('test')} | {d('c4')} "
-                         f"| {d('wikitext')} | {s['rate']:.3f}{rate_mark} | {s['train_rate_late']:.3f} "
-                         f"| {s['flops_vs_rl']:.2f}{'' if s['flop_matched'] else ' †'} "
+                         f"| {d('wikitext')} | {s['rate']:.3f}{_rate_mark(s)} | {s['train_rate_late']:.3f} "
+                         f"| {s['flops_vs_rl']:.2f}{_flop_mark(s)} "
                          f"| {s['whitespace_recall']:.3f} | {s['word_start_recall']:.3f} |")
         lines.append("")
     if lines:
@@ -594,6 +595,17 @@ def _num(x) -> float:
     return float(x) if isinstance(x, (int, float)) else float("nan")
 
 
+def _rate_mark(s: dict) -> str:
+    """* the mean rate off r*; ° the mean holds it but some seed does not (the tables' legend)."""
+    if s.get("rate_matched") is False:
+        return " *"
+    return " °" if s.get("rate_matched_every_seed") is False else ""
+
+
+def _flop_mark(s: dict) -> str:
+    return "" if s["flop_matched"] else " †"
+
+
 def _pm(d: dict, nd=4) -> str:
     se = d.get("se_seeds", float("nan"))
     return f"{d['mean']:.{nd}f}" + (f" ± {se:.{nd}f}" if math.isfinite(se) else "")
@@ -611,9 +623,6 @@ def tables(summary: dict, heading: str = "", calibrated: bool = False) -> str:
                   "|" + "---|" * (17 if calibrated else 16)]
         for tag in [t for t in order if t in summary[rung]]:
             s = summary[rung][tag]
-            rate_mark = " *" if s.get("rate_matched") is False else (
-                " °" if s.get("rate_matched_every_seed") is False else "")
-            flop_mark = "" if s["flop_matched"] else " †"
             seeds_rate = [r for r in s.get("rate_per_seed", []) if r is not None and math.isfinite(r)]
             rate = f"{s['rate']:.3f}" + (f" ({min(seeds_rate):.3f}–{max(seeds_rate):.3f})" if len(seeds_rate) > 1 else "")
 
@@ -623,8 +632,8 @@ def tables(summary: dict, heading: str = "", calibrated: bool = False) -> str:
             lines.append(
                 f"| {tag} | {len(s['seeds'])} | {_pm(s['test_bpb'])} | {d('test_delta_vs_uniform')} "
                 f"| {d('test_delta_vs_rl')} | {_pm(s['c4_bpb'])} | {d('c4_delta_vs_uniform')} | {d('c4_delta_vs_rl')} "
-                f"| {_pm(s['wikitext_bpb'])} | {d('wikitext_delta_vs_rl')} | {rate}{rate_mark} "
-                f"| {s['train_rate_late']:.3f} | {s['flops_vs_rl']:.2f}{flop_mark} | {s['whitespace_recall']:.3f} "
+                f"| {_pm(s['wikitext_bpb'])} | {d('wikitext_delta_vs_rl')} | {rate}{_rate_mark(s)} "
+                f"| {s['train_rate_late']:.3f} | {s['flops_vs_rl']:.2f}{_flop_mark(s)} | {s['whitespace_recall']:.3f} "
                 f"| {s['word_start_recall']:.3f} | {s['epochs']:.2f} |"
                 + (f" {s.get('calibrated_seeds', 0)} |" if calibrated else ""))
         lines.append("")
