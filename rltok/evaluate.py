@@ -213,8 +213,8 @@ def calibrate_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float
     controlled threshold) so that its rate on ``corpus`` -- scored as :func:`evaluate_corpus`
     scores it, same documents, same draws -- is within ``tol`` of ``target``, by bisection (the
     rate is monotone in the knob: the draws are fixed). The model keeps the new value (a buffer,
-    saved with the weights except a penalty-only rl policy's offset). Calibrate on documents you do not report (the validation
-    split), then score the test sets.
+    saved with the weights except a penalty-only rl policy's offset). Calibrate on documents you
+    do not report (the validation split), then score the test sets.
 
     Why: a controller holds the rate on the training stream, but a content-adaptive router's rate
     on other text is its own (0.185-0.239 across three rl seeds on the test documents' first 512

@@ -34,11 +34,10 @@ def register(sub) -> None:
                    help="run a rate-conditioned model (trained with boundary.rate_schedule) at this "
                         "boundary rate (default: its boundary.target_rate)")
     p.add_argument("--calibrate-rate", action="store_true",
-                   help="first move the router's rate knob (rl: its "
-                        "logit offset; hnet with rate_control=threshold: its threshold) so that its rate on "
-                        "the validation split of the data scored (--data, default the run's own; its first "
-                        "256 documents, scored as here) is "
-                        "boundary.target_rate, then score: a comparison at equal rate on the evaluation "
+                   help="first move the router's rate knob (rl: its logit offset; hnet with "
+                        "rate_control=threshold: its threshold) so that its rate on the validation split "
+                        "of the data scored (--data, default the run's own; its first 256 documents, scored "
+                        "as here) is boundary.target_rate, then score: a comparison at equal rate on the evaluation "
                         "text, not only on the training stream (also applied to --against where it can be)")
     p.add_argument("--samples", type=positive_int, default=1, help="boundary samples averaged per document")
     p.add_argument("--greedy", action="store_true", help="greedy boundaries (probability > 0.5) instead of sampling")
