@@ -1,6 +1,7 @@
 """The stage parts (model/dc.py) on hand-worked examples: each part's ``step`` and its prefill
 state agree with its ``forward``, position by position."""
 
+import pytest
 import torch
 
 from rltok.boundaries.base import BoundaryOutput
@@ -90,3 +91,8 @@ def test_row_helpers_on_a_nested_state_by_hand():
     mixed = where_rows(~mask, back, state)
     assert mixed.a.tolist() == [0.0, 1.0, 2.0] and mixed.rest["l"][0][1].tolist() == [2, 3]
     assert where_rows(mask, back, None) is back and assign_rows(state, rows, None) is state
+    # rows for a part the state lacks are refused, not dropped: at the top and nested alike
+    with pytest.raises(ValueError, match="does not exist"):
+        assign_rows(None, rows, sub)
+    with pytest.raises(ValueError, match="does not exist"):
+        assign_rows(state, rows, St(a=sub.a, rest={"l": [sub.rest["l"][0], torch.zeros(2, 1)]}))

@@ -213,9 +213,20 @@ def assign_rows(state: Any, rows: Tensor, new: Any) -> Any:
     as :func:`select_rows` returns)."""
     if new is None:
         return state
-    if state is None:
-        raise ValueError("assign_rows: rows of a state that does not exist (None)")
-    return map_states(lambda x, n: x if n is None else x.index_copy(0, rows, n.to(x.dtype)), state, new)
+    placed = []
+
+    def put(x: Tensor, n: Tensor | None) -> Tensor:
+        if n is None:
+            return x
+        placed.append(n)
+        return x.index_copy(0, rows, n.to(x.dtype))
+
+    out = map_states(put, state, new)
+    given = []
+    map_states(given.append, new)
+    if len(placed) != len(given):  # a tensor of ``new`` where ``state`` has None would be dropped
+        raise ValueError("assign_rows: rows for a part of the state that does not exist (None)")
+    return out
 
 
 def where_rows(mask: Tensor, new: Any, old: Any) -> Any:
