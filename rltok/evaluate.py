@@ -131,6 +131,9 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     was_training = model.training
     model.eval()
     n_docs = len(corpus) if docs is None else min(docs, len(corpus))
+    if n_docs == 0:  # scored, no documents would give nan, a number that looks like a result
+        raise RltokError(f"no documents to score in {corpus.name or 'the corpus'}"
+                         + (f" (docs={docs})" if docs is not None and len(corpus) else ""))
     nll_doc = np.zeros(n_docs)
     bytes_doc = np.zeros(n_docs, dtype=np.int64)
     counts: dict[str, float] = {}
@@ -175,7 +178,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     r = ratios(counts) if counts else {"rate": float("nan"), "whitespace_recall": float("nan"),
                                        "whitespace_precision": float("nan"), "word_start_recall": float("nan")}
     return EvalResult(
-        bpb=float(per_doc.mean()) if n_docs else float("nan"), bpb_se=se,
+        bpb=float(per_doc.mean()), bpb_se=se,
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
         whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"],

@@ -119,6 +119,23 @@ def test_eval_refuses_an_empty_split_in_one_line(smoke_runs, capsys):
     assert len(err) == 1 and "--split test" in err[0] and "data.test_docs=0" in err[0]
 
 
+def test_no_documents_is_an_error_not_a_nan_score(smoke_runs, one_thread):
+    from rltok.data.corpus import Corpus
+    from rltok.errors import RltokError
+    from rltok.evaluate import calibrate_rate, evaluate_corpus
+    from rltok.run import load_model
+
+    model = load_model(smoke_runs["rl"])
+    seq = model.run_config.model.seq_len
+    empty = Corpus.from_docs([], name="empty.jsonl")
+    with pytest.raises(RltokError, match="no documents to score in empty.jsonl"):
+        evaluate_corpus(model, empty, seq)
+    with pytest.raises(RltokError, match=r"\(docs=0\)"):
+        evaluate_corpus(model, Corpus.from_docs([b"some text"], name="one"), seq, docs=0)
+    with pytest.raises(RltokError, match="no documents"):  # a bisection on nan would return a value
+        calibrate_rate(model, empty, seq, 0.2)
+
+
 def test_eval_stride_needs_whole(smoke_runs, capsys):
     assert main(["eval", str(smoke_runs["rl"]), "--stride", "8"]) == 2
     assert "--stride needs --whole" in capsys.readouterr().err

@@ -86,6 +86,9 @@ def run(args) -> int:
     from ..rates import requested_rate
 
     cal_docs = splits.val if args.calibrate_rate else None
+    if cal_docs is not None and len(cal_docs) == 0:
+        raise RltokError(f"--calibrate-rate calibrates on the validation split, and this run holds out none "
+                         f"(data.val_docs={cfg.data.val_docs})")
     calibration = _calibrate(model, cal_docs, args) if args.calibrate_rate else None
     with requested_rate(model, args.rate):  # a rate the model was not trained for: refused in one line
         res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
