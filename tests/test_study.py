@@ -128,6 +128,22 @@ def test_calibrate_measures_knobbed_cells_at_rate_and_asks_knobless_ones_again(s
     assert {t: p.read_bytes() for t, p in cells.items()} == before
 
 
+def test_basin_fit_centres_each_seed_and_leaves_out_the_unpenalised_row(study):
+    """Within each seed bpb falls 0.5 per unit of whitespace recall (seed 2's bpb a whole bit
+    higher); the row without the rate penalty runs at another rate and is not in the fit."""
+    cells = []
+    for seed, rows in ((1, ((0.8, 2.0), (0.6, 2.1), (0.4, 2.2))), (2, ((0.9, 3.0), (0.5, 3.2), (0.1, 3.4)))):
+        for tag, (ws, bpb) in zip(("rl", "rl-penalty", "abl-gamma1"), rows):
+            c = _cell(tag, "rl", seed, bpb)
+            c["test"]["whitespace_recall"] = ws
+            cells.append(c)
+    wild = _cell("abl-no-rate-penalty", "rl", 1, 9.0)
+    wild["test"]["whitespace_recall"] = 0.9
+    text = study.basin_fit(cells + [wild])
+    assert "- 2M: r = -1.00 over 6 cells (3 rows, 2 seeds); -0.500 bits/byte per unit" in text
+    assert study.basin_fit(cells[:3]) == ""  # fewer than 4 cells: no fit
+
+
 def test_ablation_table_pairs_each_ablation_with_its_baseline_by_seed(study):
     """The ablations are read against rl-penalty, seed by seed; a seed the baseline lacks is left
     out and the row says over how many seeds its difference is."""

@@ -495,6 +495,37 @@ def ablation_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+BASIN_TAGS = ("rl", ABLATION_BASE) + tuple(t for t in ABLATIONS if t != "abl-no-rate-penalty")
+
+
+def basin_fit(cells: list[dict]) -> str:
+    """How much of the rl family's spread in test bits/byte goes with how much whitespace the
+    policy found: per rung, over the rl rows at r* (rl, rl-penalty and every ablation that keeps
+    the penalty, so the same rate), each cell's bpb and whitespace recall less its seed's mean
+    over these cells (the seed fixes data order and evaluation draws), then Pearson r and the
+    least-squares slope. A correlation across training runs, not a controlled effect."""
+    import numpy as np
+
+    lines = []
+    for rung in sorted({c["rung"] for c in cells}, key=lambda r: RUNGS[r]):
+        cs = [c for c in cells if c["rung"] == rung and c["tag"] in BASIN_TAGS]
+        seeds = sorted({c["seed"] for c in cs})
+        x, y = np.array([c["test"]["whitespace_recall"] for c in cs]), np.array([c["test"]["bpb"] for c in cs])
+        for seed in seeds:
+            m = np.array([c["seed"] == seed for c in cs])
+            x[m], y[m] = x[m] - x[m].mean(), y[m] - y[m].mean()
+        if len(cs) < 4 or not x.std() or not y.std():
+            continue
+        r = float(np.corrcoef(x, y)[0, 1])
+        slope = float(np.polyfit(x, y, 1)[0])
+        lines.append(f"- {rung}: r = {r:+.2f} over {len(cs)} cells ({len({c['tag'] for c in cs})} rows, "
+                     f"{len(seeds)} seeds); {slope:+.3f} bits/byte per unit of whitespace recall")
+    if not lines:
+        return ""
+    return ("Test bits/byte against whitespace recall within each seed, over the rl rows at r* ("
+            + ", ".join(BASIN_TAGS) + "; each value less its seed's mean):\n\n" + "\n".join(lines))
+
+
 def bpe_lm_gap(summary: dict) -> str:
     """The BPE-token LM against rl and against the best chunking U-Net at each rung (Δ bits/byte,
     paired by seed), and how much of the gap closes per doubling of training bytes between rungs."""
@@ -712,6 +743,8 @@ def cmd_report(args) -> int:
                     "trained (calibrated seeds: 0). Paired differences use each cell's calibrated "
                     "measurements where it has them.")
     ablations = ablation_table(summary_at_rate)
+    basins = basin_fit([at_rate(c) for c in cells])
+    ablations += f"\n\n{basins}" if ablations and basins else ""
     (OUT / "tables.md").write_text(tables(summary) + "\n\n## At r* on the evaluation text\n\n" + at_rate_note
                                    + "\n\n" + tables(summary_at_rate, ", at r* on the evaluation text", True) + "\n"
                                    + (f"\n## The paper's ablations, at r* on the evaluation text\n\n{ablations}\n"
