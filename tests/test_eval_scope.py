@@ -120,7 +120,6 @@ def test_eval_refuses_an_empty_split_in_one_line(smoke_runs, capsys):
 
 
 def test_no_documents_is_an_error_not_a_nan_score(smoke_runs, one_thread):
-    from rltok.data.corpus import Corpus
     from rltok.errors import RltokError
     from rltok.evaluate import calibrate_rate, evaluate_corpus
     from rltok.run import load_model
@@ -134,6 +133,18 @@ def test_no_documents_is_an_error_not_a_nan_score(smoke_runs, one_thread):
         evaluate_corpus(model, Corpus.from_docs([b"some text"], name="one"), seq, docs=0)
     with pytest.raises(RltokError, match="no documents"):  # a bisection on nan would return a value
         calibrate_rate(model, empty, seq, 0.2)
+
+
+def test_eval_calibrate_rate_refuses_a_run_without_validation_documents(smoke_runs, capsys, monkeypatch):
+    import dataclasses
+
+    import rltok.data as data
+
+    real = data.load_splits
+    monkeypatch.setattr(data, "load_splits", lambda cfg: dataclasses.replace(real(cfg), val=Corpus.from_docs([])))
+    assert main(["eval", str(smoke_runs["rl"]), "--split", "all", "--calibrate-rate"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--calibrate-rate calibrates on the validation split" in err[0] and "data.val_docs" in err[0]
 
 
 def test_eval_stride_needs_whole(smoke_runs, capsys):

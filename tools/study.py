@@ -730,7 +730,8 @@ def cmd_report(args) -> int:
         sys.exit(f"{OUT / 'cells'}: no finished cells")
     summary = summarize(cells)
     # the same cells with each calibratable router at r* on the evaluation text
-    summary_at_rate = summarize([at_rate(c) for c in cells])
+    cells_at_rate = [at_rate(c) for c in cells]
+    summary_at_rate = summarize(cells_at_rate)
     slim = [{k: v for k, v in c.items()} for c in cells]
     bpe = json.loads((OUT / "bpe.json").read_text()) if (OUT / "bpe.json").is_file() else {}
     (OUT / "results.json").write_text(json.dumps({"bpe": bpe, "summary": summary, "summary_at_rate": summary_at_rate,
@@ -743,7 +744,7 @@ def cmd_report(args) -> int:
                     "trained (calibrated seeds: 0). Paired differences use each cell's calibrated "
                     "measurements where it has them.")
     ablations = ablation_table(summary_at_rate)
-    basins = basin_fit([at_rate(c) for c in cells])
+    basins = basin_fit(cells_at_rate)
     ablations += f"\n\n{basins}" if ablations and basins else ""
     (OUT / "tables.md").write_text(tables(summary) + "\n\n## At r* on the evaluation text\n\n" + at_rate_note
                                    + "\n\n" + tables(summary_at_rate, ", at r* on the evaluation text", True) + "\n"
