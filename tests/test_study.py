@@ -160,3 +160,61 @@ def test_ablation_table_pairs_each_ablation_with_its_baseline_by_seed(study):
     assert "| abl-w8 | 3 | " in table and "| 0.020 ± 0.010 (2) |" in table
     assert table.index("| rl-penalty |") < table.index("| abl-gamma1 |")
     assert study.ablation_table(study.summarize(cells[:3])) == ""  # no ablations, no table
+
+
+def _cell_args(rung="8M", tag="rl", seed=1):
+    import argparse
+
+    return argparse.Namespace(rung=rung, tag=tag, seed=seed)
+
+
+def test_a_cell_held_by_another_process_is_skipped_not_run_twice(study, tmp_path, monkeypatch, capsys):
+    import subprocess
+
+    monkeypatch.setattr(study, "OUT", tmp_path / "results")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "runs")
+    lock = tmp_path / "runs" / "8M" / "rl_s1.lock"
+    lock.parent.mkdir(parents=True)
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import fcntl, sys, time
+f = open({str(lock)!r}, "w"); fcntl.flock(f, fcntl.LOCK_EX); print("held", flush=True); time.sleep(60)"""],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+
+        def never(*a):
+            raise AssertionError("a second process trained a cell that is running")
+
+        monkeypatch.setattr(study, "shared_bpe", never)
+        monkeypatch.setattr(study, "train_cell", never)
+        assert study.cmd_cell(_cell_args()) == 0
+        assert "running in another process, skipped" in capsys.readouterr().out
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone (a killed run leaves no stale lock): the cell runs now
+    ran = []
+    monkeypatch.setattr(study, "shared_bpe", lambda: tmp_path / "bpe.json")
+    monkeypatch.setattr(study, "train_cell", lambda *a: ran.append(a) or tmp_path / "run")
+    monkeypatch.setattr(study, "measure_cell", lambda *a: {"bpb": 2.0, "rate": 0.2})
+    monkeypatch.setattr(study, "keep_run_files", lambda *a: None)
+    assert study.cmd_cell(_cell_args()) == 0
+    assert ran and study.cell_path("8M", "rl", 1).is_file()
+
+
+def test_a_cell_on_a_fresh_machine_gets_the_shared_bpe_fitted_not_a_stale_path(study, tmp_path, monkeypatch):
+    # bpe.json (committed) names a cache path from another machine; the cell must ask shared_bpe,
+    # which fits the tokenizer where the cache lacks it, and measure against what it returns
+    monkeypatch.setattr(study, "OUT", tmp_path / "results")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "runs")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "bpe.json").write_text('{"path": "/nowhere/bpe.json", "val_tokens_per_byte": 0.27}')
+    fitted = tmp_path / "cache" / "bpe.json"
+    seen = {}
+    monkeypatch.setattr(study, "shared_bpe", lambda: fitted)
+    monkeypatch.setattr(study, "train_cell", lambda r, t, s, tok: seen.setdefault("train", tok) and tmp_path)
+    monkeypatch.setattr(study, "measure_cell", lambda r, t, s, run, tok: seen.setdefault("measure", tok) and
+                        {"bpb": 2.0, "rate": 0.2})
+    monkeypatch.setattr(study, "keep_run_files", lambda *a: None)
+    assert study.cmd_cell(_cell_args("2M", "bpe", 2)) == 0
+    assert seen == {"train": fitted, "measure": fitted}

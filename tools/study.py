@@ -16,7 +16,9 @@ short), then measured in-process. Its record, results/study/cells/RUNG/TAG_sSEED
 method, seed, bytes, epochs over the training split, achieved rate (evaluation, whole training,
 second half of training), training FLOPs per byte, parameters, bits-per-byte on each evaluation set
 with the per-document values, and boundary statistics. A finished cell is never redone; commit
-its record as it appears (``run`` prints each).
+its record as it appears (``run`` prints each). A cell runs in one process at a time (a lock,
+runs/study/RUNG/TAG_sSEED.lock, that dies with its process), so two ``run``s or ``cell``s side by
+side share the queue; on a fresh machine the first cell fits the shared BPE (below) again.
 
 What is matched:
 
@@ -44,6 +46,7 @@ Evaluation sets (every cell, same documents, same boundary draws):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -315,6 +318,22 @@ def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
             shutil.copy2(run / f, dest / f)
 
 
+@contextlib.contextmanager
+def exclusive(lock: Path, wait: bool):
+    """Hold ``lock`` (fcntl.flock, released when the process dies, so a killed run leaves no stale
+    lock). Yields False at once if another process holds it and ``wait`` is False."""
+    import fcntl
+
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
 def cmd_cell(args) -> int:
     from rltok.checkpoint import write_json_atomic
     from rltok.threads import set_threads
@@ -323,13 +342,21 @@ def cmd_cell(args) -> int:
     path = cell_path(args.rung, args.tag, args.seed)
     if path.is_file():
         return 0
-    tokenizer = Path(json.loads((OUT / "bpe.json").read_text())["path"])
-    t0 = time.time()
-    run = train_cell(args.rung, args.tag, args.seed, tokenizer)
-    rec = measure_cell(args.rung, args.tag, args.seed, run, tokenizer)
-    keep_run_files(args.rung, args.tag, args.seed, run)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, rec)
+    # one process per cell: two `run`s (or a `run` and a `cell`) side by side share the queue
+    with exclusive(RUNS / args.rung / f"{args.tag}_s{args.seed}.lock", wait=False) as mine:
+        if not mine:
+            print(f"cell {args.rung} {args.tag} s{args.seed}: running in another process, skipped", flush=True)
+            return 0
+        if path.is_file():  # finished while this process started
+            return 0
+        with exclusive(RUNS / "bpe.lock", wait=True):  # fitted once, on a fresh machine, by the first cell
+            tokenizer = shared_bpe()
+        t0 = time.time()
+        run = train_cell(args.rung, args.tag, args.seed, tokenizer)
+        rec = measure_cell(args.rung, args.tag, args.seed, run, tokenizer)
+        keep_run_files(args.rung, args.tag, args.seed, run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, rec)
     print(f"cell {args.rung} {args.tag} s{args.seed}: bpb {rec['bpb']:.4f} rate {rec['rate']:.3f} "
           f"({time.time() - t0:.0f} s)", flush=True)
     return 0
@@ -339,7 +366,8 @@ def cmd_run(args) -> int:
     from rltok.threads import set_threads
 
     set_threads(1)
-    shared_bpe()
+    with exclusive(RUNS / "bpe.lock", wait=True):
+        shared_bpe()
     todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
     if args.tags:  # only these variants (e.g. to finish one comparison's seeds first)
         todo = [c for c in todo if c[1] in args.tags.split(",")]
