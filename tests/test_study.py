@@ -218,3 +218,14 @@ def test_a_cell_on_a_fresh_machine_gets_the_shared_bpe_fitted_not_a_stale_path(s
     monkeypatch.setattr(study, "keep_run_files", lambda *a: None)
     assert study.cmd_cell(_cell_args("2M", "bpe", 2)) == 0
     assert seen == {"train": fitted, "measure": fitted}
+
+
+def test_plan_estimates_a_todo_cell_from_its_own_seeds_then_its_tag_scaled_by_bytes(study):
+    seconds = {("2M", "rl"): [100.0, 300.0, 200.0], ("8M", "rl"): [900.0], ("2M", "uniform"): [50.0],
+               ("8M", "nawrot"): [1000.0, 1200.0]}
+    assert study.expected_seconds("8M", "rl", seconds) == 900.0  # its own finished seed
+    assert study.expected_seconds("32M", "rl", seconds) == 3600.0  # 8M's, four times the bytes
+    assert study.expected_seconds("8M", "uniform", seconds) == 200.0  # 2M's 50 s, scaled by 4
+    assert study.expected_seconds("8M", "hnet", seconds) == 1000.0  # no hnet anywhere: median of 900, 1000, 1200
+    assert study.expected_seconds("2M", "hnet", seconds) == 150.0  # median of 50, 100, 200, 300
+    assert study.expected_seconds("2M", "rl", {}) is None

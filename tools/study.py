@@ -4,7 +4,7 @@ a budget ladder on a corpus seen once.
     python tools/study.py run --rungs 2M            # train + measure every cell of the rung (resumable)
     python tools/study.py run --rungs 8M --ablations
     python tools/study.py report                    # results/study/results.json, tables, plots
-    python tools/study.py plan --rungs 2M,8M,32M    # the cells, and which are done
+    python tools/study.py plan --rungs 2M,8M,32M    # the cells, which are done, and the hours left
     python tools/study.py calibrate                 # finished cells measured again at r* (below)
 
 From a frozen checkout (so that edits cannot reach a running cell), point it at this one's folders:
@@ -386,9 +386,50 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cell_seconds() -> dict[tuple[str, str], list[float]]:
+    """Training seconds of the finished cells, by (rung, tag)."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for f in sorted((OUT / "cells").glob("*/*.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("train_seconds"):
+            out.setdefault((rec["rung"], rec["tag"]), []).append(float(rec["train_seconds"]))
+    return out
+
+
+def expected_seconds(rung: str, tag: str, seconds: dict[tuple[str, str], list[float]]) -> float | None:
+    """A todo cell's expected training time: the median of its (rung, tag)'s finished seeds; else the
+    same tag's at the nearest lower rung, scaled by bytes (training time is linear in bytes at a
+    fixed model); else its rung's median; else a lower rung's, scaled. Measured on whichever
+    machines ran those cells."""
+    def median(xs):
+        xs = sorted(xs)
+        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
+
+    lower = sorted((r for r in RUNGS if RUNGS[r] < RUNGS[rung]), key=RUNGS.get, reverse=True)
+    for r in [rung, *lower]:  # the same tag
+        if (r, tag) in seconds:
+            return median(seconds[r, tag]) * RUNGS[rung] / RUNGS[r]
+    for r in [rung, *lower]:  # any tag
+        same = [t for (q, _), ts in seconds.items() if q == r for t in ts]
+        if same:
+            return median(same) * RUNGS[rung] / RUNGS[r]
+    return None
+
+
 def cmd_plan(args) -> int:
+    seconds = cell_seconds()
+    left, unknown = 0.0, 0
     for c in plan(args.rungs.split(","), args.ablations):
-        print(("done " if cell_path(*c).is_file() else "todo ") + " ".join(map(str, c)))
+        if cell_path(*c).is_file():
+            print("done " + " ".join(map(str, c)))
+            continue
+        est = expected_seconds(c[0], c[1], seconds)
+        left += est or 0.0
+        unknown += est is None
+        print("todo " + " ".join(map(str, c)) + (f"  (~{est / 60:.0f} min)" if est else ""))
+    print(f"left: about {left / 3600:.1f} h of training, {left / 3600 / max(args.jobs, 1):.1f} h with --jobs "
+          f"{args.jobs}" + (f" ({unknown} cells with no estimate)" if unknown else "")
+          + "; from the finished cells' training seconds, on the machines that ran them")
     return 0
 
 
