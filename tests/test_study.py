@@ -229,3 +229,16 @@ def test_plan_estimates_a_todo_cell_from_its_own_seeds_then_its_tag_scaled_by_by
     assert study.expected_seconds("8M", "hnet", seconds) == 1000.0  # no hnet anywhere: median of 900, 1000, 1200
     assert study.expected_seconds("2M", "hnet", seconds) == 150.0  # median of 50, 100, 200, 300
     assert study.expected_seconds("2M", "rl", {}) is None
+
+
+def test_run_under_a_time_limit_takes_the_first_cell_that_fits(study):
+    seconds = {("8M", "rl"): [600.0], ("32M", "rl"): [3000.0]}
+    todo = [("32M", "rl", 2), ("8M", "rl", 3), ("32M", "hnet", 1), ("8M", "rl", 2)]
+    # 2000 s left: the 32 MB cell (3000 s) would not finish, the first 8 MB one (600 s) does
+    left = list(todo)
+    assert study.next_cell(left, seconds, end=2000.0, now=0.0) == ("8M", "rl", 3)
+    assert left == [("32M", "rl", 2), ("32M", "hnet", 1), ("8M", "rl", 2)]
+    assert study.next_cell(left, seconds, end=4000.0, now=0.0) == ("32M", "rl", 2)  # now it fits
+    assert study.next_cell(left, seconds, end=600.0, now=0.0) is None  # nothing fits: todo unchanged
+    assert len(left) == 2
+    assert study.next_cell(left, seconds, end=None, now=0.0) == ("32M", "hnet", 1)  # no limit: in order

@@ -362,7 +362,22 @@ def cmd_cell(args) -> int:
     return 0
 
 
+MEASURE_SECONDS = 120  # a cell's measurement after training (about 45 s at 8 MB here), with room
+
+
+def next_cell(todo: list, seconds: dict, end: float | None, now: float):
+    """Take the first todo cell expected to finish by ``end`` (all of them when there is no end;
+    under an end, a cell with no estimate is not started)."""
+    for i, c in enumerate(todo):
+        est = expected_seconds(c[0], c[1], seconds)
+        if end is None or (est is not None and now + est + MEASURE_SECONDS <= end):
+            return todo.pop(i)
+    return None
+
+
 def cmd_run(args) -> int:
+    import threading
+
     from rltok.threads import set_threads
 
     set_threads(1)
@@ -371,7 +386,12 @@ def cmd_run(args) -> int:
     todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
     if args.tags:  # only these variants (e.g. to finish one comparison's seeds first)
         todo = [c for c in todo if c[1] in args.tags.split(",")]
-    print(f"{len(todo)} cells to run", flush=True)
+    print(f"{len(todo)} cells to run" + (f", those that fit in {args.hours:g} h" if args.hours else ""), flush=True)
+    # a session of fixed length: start only the cells expected to finish before it ends (a cell cut
+    # short resumes from its checkpoints, but only where its run folder survives the session)
+    end = time.time() + args.hours * 3600 if args.hours else None
+    seconds = cell_seconds()
+    lock = threading.Lock()
 
     def one(c):
         rung, tag, seed = c
@@ -381,8 +401,19 @@ def cmd_run(args) -> int:
             sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {r.stderr.strip().splitlines()[-1:]}\n")
         sys.stdout.flush()
 
+    def lane():
+        while True:
+            with lock:
+                c = next_cell(todo, seconds, end, time.time())
+            if c is None:
+                return
+            one(c)
+
     with ThreadPoolExecutor(args.jobs) as pool:
-        list(pool.map(one, todo))
+        list(pool.map(lambda _: lane(), range(args.jobs)))
+    if todo:
+        print(f"{len(todo)} cells left that would not finish in {args.hours:g} h (next: {' '.join(map(str, todo[0]))})",
+              flush=True)
     return 0
 
 
@@ -835,6 +866,8 @@ def main(argv=None) -> int:
         q.add_argument("--ablations", action="store_true", help="add the paper's ablations (at the 8 MB rung)")
         q.add_argument("--jobs", type=int, default=2)
         q.add_argument("--tags", default="", help="only these variants, comma-separated")
+        q.add_argument("--hours", type=float, default=0.0,
+                       help="run: start only the cells expected to finish within this many hours (plan's estimate)")
         q.set_defaults(func=fn)
     c = sub.add_parser("cell")
     c.add_argument("rung", choices=list(RUNGS))
