@@ -37,6 +37,7 @@ import numpy as np
 from torch import nn
 
 from .errors import RltokError
+from .locks import held
 from .evaluate import boundary_enrichment
 from .objectives import WHITESPACE
 from .bpe import bpe_boundaries, fit_bpe_to_rate, fit_docs, load_tokenizer, save_tokenizer, token_lengths
@@ -364,14 +365,15 @@ def run_bpe(cfg, max_bytes: int = 20_000_000, progress: bool = False):
 
     rate = cfg.boundary.target_rate
     path = run_bpe_path(cfg, max_bytes)
-    if path.is_file():
-        tok = load_tokenizer(path)
-    else:
-        if progress:
-            print(f"rltok: fitting a BPE to rate {rate} on the training split of {cfg.data.source} "
-                  f"(cached in {path})", file=sys.stderr)
-        tok, size, achieved = fit_bpe_to_rate(fit_docs(load_splits(cfg).train, max_bytes), rate)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_tokenizer(tok, path, {"source": cfg.data.source, "target_rate": rate, "vocab_size": size,
-                                   "tokens_per_byte": achieved})
+    if not path.is_file():
+        # processes that need the same BPE at once (parallel analyses, study cells) fit it once
+        with held(path.with_name(path.name + ".lock")):
+            if not path.is_file():
+                if progress:
+                    print(f"rltok: fitting a BPE to rate {rate} on the training split of {cfg.data.source} "
+                          f"(cached in {path})", file=sys.stderr)
+                tok, size, achieved = fit_bpe_to_rate(fit_docs(load_splits(cfg).train, max_bytes), rate)
+                save_tokenizer(tok, path, {"source": cfg.data.source, "target_rate": rate, "vocab_size": size,
+                                           "tokens_per_byte": achieved})
+    tok = load_tokenizer(path)
     return tok, f"bpe{tok.get_vocab_size()}"

@@ -46,7 +46,6 @@ Evaluation sets (every cell, same documents, same boundary draws):
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -147,6 +146,7 @@ def shared_bpe() -> Path:
     cached by rltok.analysis.run_bpe); its tokens per byte on the validation split recorded."""
     from rltok.analysis import run_bpe, run_bpe_path
     from rltok.bpe import tokens_per_byte
+    from rltok.checkpoint import write_bytes_atomic
     from rltok.config import build_config
     from rltok.data import load_splits
 
@@ -158,9 +158,9 @@ def shared_bpe() -> Path:
         val = load_splits(cfg).val
         rate = tokens_per_byte(tok, [val.doc_bytes(i) for i in range(len(val))])
         OUT.mkdir(parents=True, exist_ok=True)
-        rec.write_text(json.dumps({"path": str(path), "vocab_size": tok.get_vocab_size(), "target_rate": TARGET_RATE,
-                                   "val_tokens_per_byte": rate, "within_0.01": abs(rate - TARGET_RATE) <= 0.01},
-                                  indent=1) + "\n")
+        write_bytes_atomic(rec, (json.dumps({"path": str(path), "vocab_size": tok.get_vocab_size(),
+                                             "target_rate": TARGET_RATE, "val_tokens_per_byte": rate,
+                                             "within_0.01": abs(rate - TARGET_RATE) <= 0.01}, indent=1) + "\n").encode())
     return path
 
 
@@ -318,24 +318,9 @@ def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
             shutil.copy2(run / f, dest / f)
 
 
-@contextlib.contextmanager
-def exclusive(lock: Path, wait: bool):
-    """Hold ``lock`` (fcntl.flock, released when the process dies, so a killed run leaves no stale
-    lock). Yields False at once if another process holds it and ``wait`` is False."""
-    import fcntl
-
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "w") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            yield False
-            return
-        yield True
-
-
 def cmd_cell(args) -> int:
     from rltok.checkpoint import write_json_atomic
+    from rltok.locks import held
     from rltok.threads import set_threads
 
     set_threads(1)
@@ -343,14 +328,13 @@ def cmd_cell(args) -> int:
     if path.is_file():
         return 0
     # one process per cell: two `run`s (or a `run` and a `cell`) side by side share the queue
-    with exclusive(RUNS / args.rung / f"{args.tag}_s{args.seed}.lock", wait=False) as mine:
+    with held(RUNS / args.rung / f"{args.tag}_s{args.seed}.lock", wait=False) as mine:
         if not mine:
             print(f"cell {args.rung} {args.tag} s{args.seed}: running in another process, skipped", flush=True)
             return 0
         if path.is_file():  # finished while this process started
             return 0
-        with exclusive(RUNS / "bpe.lock", wait=True):  # fitted once, on a fresh machine, by the first cell
-            tokenizer = shared_bpe()
+        tokenizer = shared_bpe()  # fitted once (run_bpe holds a lock), on a fresh machine by the first cell
         t0 = time.time()
         run = train_cell(args.rung, args.tag, args.seed, tokenizer)
         rec = measure_cell(args.rung, args.tag, args.seed, run, tokenizer)
@@ -381,8 +365,7 @@ def cmd_run(args) -> int:
     from rltok.threads import set_threads
 
     set_threads(1)
-    with exclusive(RUNS / "bpe.lock", wait=True):
-        shared_bpe()
+    shared_bpe()
     todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
     if args.tags:  # only these variants (e.g. to finish one comparison's seeds first)
         todo = [c for c in todo if c[1] in args.tags.split(",")]

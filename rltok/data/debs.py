@@ -3,12 +3,14 @@ archive holding a data tarball)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
 from typing import Callable
 
 from ..errors import RltokError
+from ..locks import held
 
 
 def cache_dir() -> Path:
@@ -57,18 +59,11 @@ def fetch_once(dest: Path, ready: Callable[[Path], bool], build: Callable[[Path]
     of a torchrun job) wait on a lock while one of them builds."""
     if ready(dest):
         return dest
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(dest.parent / f"{dest.name}.lock", "w")
-    except OSError as e:
-        raise RltokError(f"{what}: cannot write its cache {dest.parent}: {e.strerror or e}") from None
-    with lock:
+    with contextlib.ExitStack() as stack:
         try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except (ImportError, OSError):  # pragma: no cover - no flock: build unlocked
-            pass
+            stack.enter_context(held(dest.parent / f"{dest.name}.lock"))
+        except OSError as e:
+            raise RltokError(f"{what}: cannot write its cache {dest.parent}: {e.strerror or e}") from None
         if not ready(dest):
             tmp = dest.with_name(dest.name + ".tmp")
             shutil.rmtree(tmp, ignore_errors=True)
