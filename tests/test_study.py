@@ -242,3 +242,16 @@ def test_run_under_a_time_limit_takes_the_first_cell_that_fits(study):
     assert study.next_cell(left, seconds, end=600.0, now=0.0) is None  # nothing fits: todo unchanged
     assert len(left) == 2
     assert study.next_cell(left, seconds, end=None, now=0.0) == ("32M", "hnet", 1)  # no limit: in order
+
+
+def test_a_slower_machine_starts_fewer_cells(study):
+    # estimates come from other machines' cells; this run's finished cells say this one takes 2x
+    assert study.machine_pace([]) == 1.0 and study.machine_pace([], prior=2.0) == 2.0
+    assert study.machine_pace([2.1, 1.9, 5.0]) == 2.1
+    assert study.machine_pace([2.0, 3.0]) == 2.5
+    seconds = {("8M", "rl"): [600.0]}
+    todo = [("8M", "rl", 2)]
+    # 600 s + the measurement's 120 s fit in 1000 s at the estimates' pace, not at twice it
+    assert study.next_cell(list(todo), seconds, end=1000.0, now=0.0, pace=1.0) == ("8M", "rl", 2)
+    assert study.next_cell(list(todo), seconds, end=1000.0, now=0.0, pace=2.0) is None
+    assert study.next_cell(list(todo), seconds, end=1440.0, now=0.0, pace=2.0) == ("8M", "rl", 2)

@@ -349,14 +349,22 @@ def cmd_cell(args) -> int:
 MEASURE_SECONDS = 120  # a cell's measurement after training (about 45 s at 8 MB here), with room
 
 
-def next_cell(todo: list, seconds: dict, end: float | None, now: float):
+def next_cell(todo: list, seconds: dict, end: float | None, now: float, pace: float = 1.0):
     """Take the first todo cell expected to finish by ``end`` (all of them when there is no end;
-    under an end, a cell with no estimate is not started)."""
+    under an end, a cell with no estimate is not started). ``pace``: this machine's seconds per
+    estimated second (:func:`machine_pace`), since machines differ by 2x from session to session."""
     for i, c in enumerate(todo):
         est = expected_seconds(c[0], c[1], seconds)
-        if end is None or (est is not None and now + est + MEASURE_SECONDS <= end):
+        if end is None or (est is not None and now + pace * (est + MEASURE_SECONDS) <= end):
             return todo.pop(i)
     return None
+
+
+def machine_pace(ratios: list[float], prior: float = 1.0) -> float:
+    """This machine's training seconds per estimated second: the median over the cells this ``run``
+    has finished; ``prior`` (``--pace``) before the first finishes."""
+    xs = sorted(ratios)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else prior
 
 
 def cmd_run(args) -> int:
@@ -374,6 +382,7 @@ def cmd_run(args) -> int:
     # short resumes from its checkpoints, but only where its run folder survives the session)
     end = time.time() + args.hours * 3600 if args.hours else None
     seconds = cell_seconds()
+    ratios: list[float] = []  # training seconds / estimate of the cells finished here (machine_pace)
     lock = threading.Lock()
 
     def one(c):
@@ -387,10 +396,15 @@ def cmd_run(args) -> int:
     def lane():
         while True:
             with lock:
-                c = next_cell(todo, seconds, end, time.time())
+                c = next_cell(todo, seconds, end, time.time(), machine_pace(ratios, args.pace))
             if c is None:
                 return
+            est = expected_seconds(c[0], c[1], seconds)
             one(c)
+            rec = json.loads(cell_path(*c).read_text()) if cell_path(*c).is_file() else {}
+            if est and rec.get("train_seconds"):  # trained here by this lane
+                with lock:
+                    ratios.append(float(rec["train_seconds"]) / est)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(lambda _: lane(), range(args.jobs)))
@@ -438,12 +452,14 @@ def cmd_plan(args) -> int:
             print("done " + " ".join(map(str, c)))
             continue
         est = expected_seconds(c[0], c[1], seconds)
+        est = est and est * args.pace
         left += est or 0.0
         unknown += est is None
         print("todo " + " ".join(map(str, c)) + (f"  (~{est / 60:.0f} min)" if est else ""))
     print(f"left: about {left / 3600:.1f} h of training, {left / 3600 / max(args.jobs, 1):.1f} h with --jobs "
           f"{args.jobs}" + (f" ({unknown} cells with no estimate)" if unknown else "")
-          + "; from the finished cells' training seconds, on the machines that ran them")
+          + "; from the finished cells' training seconds, on the machines that ran them"
+          + (f", times --pace {args.pace:g}" if args.pace != 1 else ""))
     return 0
 
 
@@ -851,6 +867,9 @@ def main(argv=None) -> int:
         q.add_argument("--tags", default="", help="only these variants, comma-separated")
         q.add_argument("--hours", type=float, default=0.0,
                        help="run: start only the cells expected to finish within this many hours (plan's estimate)")
+        q.add_argument("--pace", type=float, default=1.0,
+                       help="run --hours: this machine's seconds per estimated second until its first cell "
+                            "finishes (then measured); 2 on a machine half as fast as the one that ran the cells")
         q.set_defaults(func=fn)
     c = sub.add_parser("cell")
     c.add_argument("rung", choices=list(RUNGS))
