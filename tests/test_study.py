@@ -1,6 +1,7 @@
 """The replication study's bookkeeping (tools/study.py): the cell plan, and the seed-level summary
 that decides its claims (paired against uniform of the same seed; matching flags)."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -255,3 +256,46 @@ def test_a_slower_machine_starts_fewer_cells(study):
     assert study.next_cell(list(todo), seconds, end=1000.0, now=0.0, pace=1.0) == ("8M", "rl", 2)
     assert study.next_cell(list(todo), seconds, end=1000.0, now=0.0, pace=2.0) is None
     assert study.next_cell(list(todo), seconds, end=1440.0, now=0.0, pace=2.0) == ("8M", "rl", 2)
+
+
+def test_projected_seconds_from_a_running_cells_metrics(study, tmp_path):
+    run = tmp_path / "rl_s1"
+    run.mkdir()
+    assert study.projected_seconds(run, "2M") is None  # no metrics yet
+    lines = [{"step": 10 * i, "bytes": 500_000 * i, "bytes_per_s": 1000.0 * i} for i in (1, 2)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert study.projected_seconds(run, "2M") is None  # two lines: still starting up
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"eval_bpb": 2.0}) + "\n")  # lines without a speed are skipped
+        f.write(json.dumps({"step": 30, "bytes": 1_500_000, "bytes_per_s": 2500.0}) + "\n")
+        f.write('{"step": 40, "by')  # a line being written
+    assert study.projected_seconds(run, "2M") == 200.0  # 500,000 bytes left at 2,500 bytes/s
+
+
+SLOW_CELL = """
+import json, sys, time
+run = sys.argv[1]
+with open(run + "/metrics.jsonl", "w") as f:
+    for i in range(1, 4):
+        f.write(json.dumps({"step": i, "bytes": 1000 * i, "bytes_per_s": float(sys.argv[2])}) + "\\n")
+print("training", flush=True)
+time.sleep(float(sys.argv[3]))
+print("done", flush=True)
+"""
+
+
+def test_a_cell_that_would_end_after_the_limit_is_stopped(study, tmp_path):
+    import time
+
+    run = tmp_path / "cell"
+    run.mkdir()
+    # 2 MB at 100 bytes/s: about 20,000 s more, far past an end 60 s away: stopped at the first look
+    t0 = time.time()
+    rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "100", "60"], run, "2M",
+                                           end=time.time() + 60, measure=0.0, poll=0.5)
+    assert stopped and rc != 0 and time.time() - t0 < 30 and out.startswith("training")
+    # fast enough (2 MB at 10 MB/s) or no end: it runs to its end
+    for end in (time.time() + 60, None):
+        rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "1e7", "1"], run, "2M",
+                                               end=end, measure=0.0, poll=0.3)
+        assert (rc, stopped) == (0, False) and out.split() == ["training", "done"]

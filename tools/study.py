@@ -367,6 +367,46 @@ def machine_pace(ratios: list[float], prior: float = 1.0) -> float:
     return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else prior
 
 
+def projected_seconds(run_dir: Path, rung: str) -> float | None:
+    """Seconds a running cell still needs to train, at the speed its metrics.jsonl reports (its last
+    line with ``bytes`` and ``bytes_per_s``); None before it has logged a few such lines."""
+    rows = []
+    try:
+        with open(run_dir / "metrics.jsonl") as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:  # a line being written
+                    continue
+                if r.get("bytes") and r.get("bytes_per_s"):
+                    rows.append(r)
+    except OSError:
+        return None
+    if len(rows) < 3:  # the first steps' speed includes start-up
+        return None
+    return max(0.0, RUNGS[rung] - rows[-1]["bytes"]) / rows[-1]["bytes_per_s"]
+
+
+def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, measure: float,
+               poll: float = 60.0) -> tuple[int, str, str, bool]:
+    """Run a cell's command; with an ``end``, stop it (its process group) once its measured speed
+    says it would finish after ``end``: the first cells of a ``run`` are started on other machines'
+    estimates. Returns (returncode, stdout, stderr, stopped). A stopped cell keeps its checkpoints."""
+    import signal
+
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    while True:
+        try:
+            out, err = p.communicate(timeout=poll)
+            return p.returncode, out, err, False
+        except subprocess.TimeoutExpired:
+            left = projected_seconds(run_dir, rung) if end is not None else None
+            if left is not None and time.time() + left + measure > end:
+                os.killpg(p.pid, signal.SIGTERM)
+                out, err = p.communicate()
+                return p.returncode, out, err, True
+
+
 def cmd_run(args) -> int:
     import threading
 
@@ -387,10 +427,15 @@ def cmd_run(args) -> int:
 
     def one(c):
         rung, tag, seed = c
-        r = subprocess.run([sys.executable, __file__, "cell", rung, tag, str(seed)], capture_output=True, text=True)
-        sys.stdout.write(r.stdout)
-        if r.returncode != 0:
-            sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {r.stderr.strip().splitlines()[-1:]}\n")
+        rc, out, err, stopped = watch_cell([sys.executable, __file__, "cell", rung, tag, str(seed)],
+                                           RUNS / rung / f"{tag}_s{seed}", rung, end,
+                                           machine_pace(ratios, args.pace) * MEASURE_SECONDS)
+        sys.stdout.write(out)
+        if stopped:
+            sys.stdout.write(f"cell {rung} {tag} s{seed} stopped: at its measured speed it would end after "
+                             f"--hours {args.hours:g} (its checkpoints are kept; `run` resumes it)\n")
+        elif rc != 0:
+            sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {err.strip().splitlines()[-1:]}\n")
         sys.stdout.flush()
 
     def lane():
