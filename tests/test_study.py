@@ -299,3 +299,7 @@ def test_a_cell_that_would_end_after_the_limit_is_stopped(study, tmp_path):
         rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "1e7", "1"], run, "2M",
                                                end=end, measure=0.0, poll=0.3)
         assert (rc, stopped) == (0, False) and out.split() == ["training", "done"]
+    # late at every look, but fewer looks than asked for (a slow minute beside a test run): not stopped
+    rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "100", "1"], run, "2M",
+                                           end=time.time() + 60, measure=0.0, poll=0.2, looks=1000)
+    assert (rc, stopped) == (0, False)

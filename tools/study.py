@@ -388,20 +388,23 @@ def projected_seconds(run_dir: Path, rung: str) -> float | None:
 
 
 def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, measure: float,
-               poll: float = 60.0) -> tuple[int, str, str, bool]:
+               poll: float = 60.0, looks: int = 3) -> tuple[int, str, str, bool]:
     """Run a cell's command; with an ``end``, stop it (its process group) once its measured speed
-    says it would finish after ``end``: the first cells of a ``run`` are started on other machines'
-    estimates. Returns (returncode, stdout, stderr, stopped). A stopped cell keeps its checkpoints."""
+    says, at ``looks`` polls in a row (not one slow minute beside a test run), that it would finish
+    after ``end``: the first cells of a ``run`` are started on other machines' estimates. Returns
+    (returncode, stdout, stderr, stopped). A stopped cell keeps its checkpoints."""
     import signal
 
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    late = 0
     while True:
         try:
             out, err = p.communicate(timeout=poll)
             return p.returncode, out, err, False
         except subprocess.TimeoutExpired:
             left = projected_seconds(run_dir, rung) if end is not None else None
-            if left is not None and time.time() + left + measure > end:
+            late = late + 1 if left is not None and time.time() + left + measure > end else 0
+            if late >= looks:
                 os.killpg(p.pid, signal.SIGTERM)
                 out, err = p.communicate()
                 return p.returncode, out, err, True
