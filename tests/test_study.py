@@ -156,6 +156,8 @@ def test_ablation_table_pairs_each_ablation_with_its_baseline_by_seed(study):
     d = s["abl-gamma1"]["test_delta_vs_rl-penalty"]
     # per seed +0.05, +0.07: mean +0.06, SE over seeds 0.01
     assert d["mean"] == pytest.approx(0.06) and d["se_seeds"] == pytest.approx(0.01) and d["seeds"] == 2
+    assert "test_delta_vs_rl-penalty" not in s["rl"]  # the ablations' baseline is theirs only
+    assert "test_delta_vs_rl" in s["rl-penalty"] and "test_delta_vs_uniform" not in s["rl"]  # (no uniform here)
     table = study.ablation_table(study.summarize(cells))
     assert "| abl-gamma1 | 2 | 2.1100 ± 0.0600 | 0.060 ± 0.010 |" in table
     assert "| abl-w8 | 3 | " in table and "| 0.020 ± 0.010 (2) |" in table

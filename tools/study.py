@@ -538,8 +538,8 @@ def summarize(cells: list[dict]) -> dict:
                     # seed-level paired difference vs the reference's run of the same seed (mean
                     # over documents)
                     d = [c[ev]["bpb"] - ref[c["seed"]][ev]["bpb"] for c in cs if c["seed"] in ref]
-                    if not d or tag == name:
-                        continue
+                    if not d or tag == name or (name == ABLATION_BASE and tag not in ABLATIONS):
+                        continue  # the ablation baseline is a reference for the ablations only
                     key = f"{ev}_delta_vs_{name}"
                     s[key] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
                     # per document (each document's difference averaged over the shared seeds):
