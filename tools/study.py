@@ -405,7 +405,10 @@ def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, meas
             left = projected_seconds(run_dir, rung) if end is not None else None
             late = late + 1 if left is not None and time.time() + left + measure > end else 0
             if late >= looks:
-                os.killpg(p.pid, signal.SIGTERM)
+                try:  # SIGTERM: rltok train stops at its next step with a checkpoint
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
                 out, err = p.communicate()
                 return p.returncode, out, err, True
 
