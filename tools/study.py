@@ -50,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -363,8 +364,7 @@ def next_cell(todo: list, seconds: dict, end: float | None, now: float, pace: fl
 def machine_pace(ratios: list[float], prior: float = 1.0) -> float:
     """This machine's training seconds per estimated second: the median over the cells this ``run``
     has finished; ``prior`` (``--pace``) before the first finishes."""
-    xs = sorted(ratios)
-    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else prior
+    return statistics.median(ratios) if ratios else prior
 
 
 def projected_seconds(run_dir: Path, rung: str) -> float | None:
@@ -480,18 +480,14 @@ def expected_seconds(rung: str, tag: str, seconds: dict[tuple[str, str], list[fl
     same tag's at the nearest lower rung, scaled by bytes (training time is linear in bytes at a
     fixed model); else its rung's median; else a lower rung's, scaled. Measured on whichever
     machines ran those cells."""
-    def median(xs):
-        xs = sorted(xs)
-        return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2 if xs else None
-
     lower = sorted((r for r in RUNGS if RUNGS[r] < RUNGS[rung]), key=RUNGS.get, reverse=True)
     for r in [rung, *lower]:  # the same tag
         if (r, tag) in seconds:
-            return median(seconds[r, tag]) * RUNGS[rung] / RUNGS[r]
+            return statistics.median(seconds[r, tag]) * RUNGS[rung] / RUNGS[r]
     for r in [rung, *lower]:  # any tag
         same = [t for (q, _), ts in seconds.items() if q == r for t in ts]
         if same:
-            return median(same) * RUNGS[rung] / RUNGS[r]
+            return statistics.median(same) * RUNGS[rung] / RUNGS[r]
     return None
 
 
