@@ -48,6 +48,7 @@ from .boundaries.bpe import BoundaryCache, bpe_boundaries_for_ids
 from .checkpoint import write_json_atomic
 from .data import load_splits
 from .data.sources import load_corpus
+from .locks import held
 from .evaluate import evaluate_corpus
 from .flops import training_flops_per_byte
 from .metrics import read_metrics
@@ -330,11 +331,16 @@ def _reference_bpe(spec: CompareSpec, base: RunConfig, train_corpus, log: Callab
     path = spec.out / BPE_REFERENCE
     if path.is_file():
         return path
-    log(f"compare: fitting the reference BPE to rate {base.boundary.target_rate} on the training split")
-    tok, size, rate = bpe_lib.fit_bpe_to_rate(bpe_lib.fit_docs(train_corpus, 20_000_000), base.boundary.target_rate)
-    bpe_lib.save_tokenizer(tok, path, {"vocab_size": size, "rate": rate,
-                                       "target_rate": base.boundary.target_rate,
-                                       "rate_measured_on": "held-out 10% of the fitting documents"})
+    # two compares sharing a DIR fit it once; the second waits and reads the first's file
+    with held(path.with_name(path.name + ".lock")):
+        if path.is_file():
+            return path
+        log(f"compare: fitting the reference BPE to rate {base.boundary.target_rate} on the training split")
+        tok, size, rate = bpe_lib.fit_bpe_to_rate(bpe_lib.fit_docs(train_corpus, 20_000_000),
+                                                  base.boundary.target_rate)
+        bpe_lib.save_tokenizer(tok, path, {"vocab_size": size, "rate": rate,
+                                           "target_rate": base.boundary.target_rate,
+                                           "rate_measured_on": "held-out 10% of the fitting documents"})
     log(f"compare: reference BPE vocabulary {size:,}, {rate:.4f} tokens per byte")
     return path
 

@@ -1,5 +1,6 @@
 """Cross-process locks on shared caches (rltok.locks): a held lock is seen by another process, and
-two processes that need the same cached BPE at once fit it once."""
+two processes that need the same cached BPE at once fit it once, and a compare waits for the
+reference BPE another compare is fitting in the same DIR."""
 
 import os
 import subprocess
@@ -54,6 +55,39 @@ def test_processes_that_need_the_same_bpe_at_once_fit_it_once(tmp_path, small_co
     labels = {o[0].strip() for o in outs}
     assert len(labels) == 1 and labels.pop().startswith("bpe")
     assert len(list((tmp_path / "cache" / "bpe").glob("*.json"))) == 2  # the tokenizer and its info
+
+
+COMPARE_FIT = """
+import sys
+from pathlib import Path
+from rltok.compare import CompareSpec, Variant, _reference_bpe, build_variant_config
+from rltok.data import load_splits
+spec = CompareSpec(variants=[Variant(method="uniform", text="uniform")], out=Path(sys.argv[2]),
+                   preset="smoke", data=sys.argv[1])
+base = build_variant_config(spec, spec.variants[0], 1, None)
+train = load_splits(base).train
+print("ready", flush=True)
+path = _reference_bpe(spec, base, train, lambda m: print(m, file=sys.stderr, flush=True))
+print(path.read_text(), flush=True)
+"""
+
+
+def test_a_compare_waits_for_the_reference_bpe_another_is_fitting_in_its_dir(tmp_path, small_corpus_file):
+    # this process plays the compare that is fitting: it holds DIR's lock, and writes the file
+    # only after the other has reached the fit; that one must wait and read it, not fit its own
+    env = dict(os.environ, RLTOK_CACHE=str(tmp_path / "cache"), OMP_NUM_THREADS="1")
+    out = tmp_path / "cmp"
+    ref = out / "bpe_reference.json"
+    with held(out / "bpe_reference.json.lock"):
+        p = subprocess.Popen([sys.executable, "-c", COMPARE_FIT, str(small_corpus_file), str(out)], env=env,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert p.stdout.readline().strip() == "ready"
+        time.sleep(2)
+        ref.write_text("written by the first compare")
+    stdout, stderr = p.communicate(timeout=120)
+    assert p.returncode == 0, stderr[-2000:]
+    assert "fitting the reference BPE" not in stderr, stderr
+    assert stdout.strip() == "written by the first compare"
 
 
 def test_fetch_once_builds_once_and_names_an_unwritable_cache(tmp_path):
