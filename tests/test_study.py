@@ -274,6 +274,49 @@ def test_projected_seconds_from_a_running_cells_metrics(study, tmp_path):
     assert study.projected_seconds(run, "2M") == 200.0  # 500,000 bytes left at 2,500 bytes/s
 
 
+def test_a_stopped_cells_speed_sets_the_pace_of_the_next_pick(study, tmp_path):
+    # the --pace guess was 1; the cell ran at 1,000 bytes/s, so its 2 MB would take 2,000 s against
+    # an estimate of 500 s: pace 4, and the next 500 s cell no longer fits in 1,500 s
+    run = tmp_path / "rl_s1"
+    run.mkdir()
+    assert study.stopped_cell_pace(run, "2M", 500.0) is None  # no metrics: no pace
+    lines = [{"step": i, "bytes": 100_000 * i, "bytes_per_s": 1000.0} for i in (1, 2, 3)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert study.stopped_cell_pace(run, "2M", None) is None  # no estimate: no pace
+    pace = study.stopped_cell_pace(run, "2M", 500.0)
+    assert pace == 4.0
+    seconds = {("2M", "rl"): [500.0]}
+    assert study.next_cell([("2M", "rl", 2)], seconds, end=1500.0, now=0.0, pace=1.0) == ("2M", "rl", 2)
+    assert study.next_cell([("2M", "rl", 2)], seconds, end=1500.0, now=0.0,
+                           pace=study.machine_pace([pace], prior=1.0)) is None
+
+
+def test_run_after_a_stopped_cell_picks_at_that_cells_pace(study, tmp_path, monkeypatch):
+    # through cmd_run's lane: the first cell is stopped at a measured pace of 4 (its 2 MB at 1,000
+    # bytes/s against 500 s estimated); the second (500 s + 120 s to measure) fits in 1500 s at --pace
+    # 1, not at 4
+    import argparse
+
+    monkeypatch.setattr(study, "OUT", tmp_path / "results")
+    monkeypatch.setattr(study, "RUNS", tmp_path / "runs")
+    monkeypatch.setattr(study, "shared_bpe", lambda: tmp_path / "bpe.json")
+    monkeypatch.setattr(study, "plan", lambda rungs, ablations: [("2M", "rl", 1), ("2M", "rl", 2)])
+    monkeypatch.setattr(study, "cell_seconds", lambda: {("2M", "rl"): [500.0]})
+    started = []
+
+    def fake_watch(cmd, run_dir, rung, end, measure, **kw):
+        started.append(run_dir.name)
+        run_dir.mkdir(parents=True)
+        lines = [{"step": i, "bytes": 100_000 * i, "bytes_per_s": 1000.0} for i in (1, 2, 3)]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+        return -15, "", "", True
+
+    monkeypatch.setattr(study, "watch_cell", fake_watch)
+    args = argparse.Namespace(rungs="2M", ablations=False, tags=None, jobs=1, hours=1500 / 3600, pace=1.0)
+    assert study.cmd_run(args) == 0
+    assert started == ["rl_s1"]
+
+
 SLOW_CELL = """
 import json, sys, time
 run = sys.argv[1]

@@ -367,9 +367,9 @@ def machine_pace(ratios: list[float], prior: float = 1.0) -> float:
     return statistics.median(ratios) if ratios else prior
 
 
-def projected_seconds(run_dir: Path, rung: str) -> float | None:
-    """Seconds a running cell still needs to train, at the speed its metrics.jsonl reports (its last
-    line with ``bytes`` and ``bytes_per_s``); None before it has logged a few such lines."""
+def measured_speed(run_dir: Path) -> tuple[float, float] | None:
+    """A running cell's (bytes trained, bytes per second) from its metrics.jsonl's last line with
+    both; None before it has logged a few such lines."""
     rows = []
     try:
         with open(run_dir / "metrics.jsonl") as f:
@@ -384,7 +384,20 @@ def projected_seconds(run_dir: Path, rung: str) -> float | None:
         return None
     if len(rows) < 3:  # the first steps' speed includes start-up
         return None
-    return max(0.0, RUNGS[rung] - rows[-1]["bytes"]) / rows[-1]["bytes_per_s"]
+    return float(rows[-1]["bytes"]), float(rows[-1]["bytes_per_s"])
+
+
+def projected_seconds(run_dir: Path, rung: str) -> float | None:
+    """Seconds a running cell still needs to train, at the speed its metrics.jsonl reports."""
+    speed = measured_speed(run_dir)
+    return None if speed is None else max(0.0, RUNGS[rung] - speed[0]) / speed[1]
+
+
+def stopped_cell_pace(run_dir: Path, rung: str, est: float | None) -> float | None:
+    """A stopped cell's pace (:func:`machine_pace`): its whole rung's training at the speed it had,
+    over its estimate; so the lane's next pick is not made on the ``--pace`` that was wrong."""
+    speed = measured_speed(run_dir)
+    return None if speed is None or not est else RUNGS[rung] / speed[1] / est
 
 
 def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, measure: float,
@@ -443,6 +456,7 @@ def cmd_run(args) -> int:
         elif rc != 0:
             sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {err.strip().splitlines()[-1:]}\n")
         sys.stdout.flush()
+        return stopped
 
     def lane():
         while True:
@@ -451,11 +465,13 @@ def cmd_run(args) -> int:
             if c is None:
                 return
             est = expected_seconds(c[0], c[1], seconds)
-            one(c)
+            stopped = one(c)
             rec = json.loads(cell_path(*c).read_text()) if cell_path(*c).is_file() else {}
-            if est and rec.get("train_seconds"):  # trained here by this lane
+            ratio = (float(rec["train_seconds"]) / est if est and rec.get("train_seconds")  # trained here
+                     else stopped_cell_pace(RUNS / c[0] / f"{c[1]}_s{c[2]}", c[0], est) if stopped else None)
+            if ratio:
                 with lock:
-                    ratios.append(float(rec["train_seconds"]) / est)
+                    ratios.append(ratio)
 
     with ThreadPoolExecutor(args.jobs) as pool:
         list(pool.map(lambda _: lane(), range(args.jobs)))
