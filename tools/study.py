@@ -140,6 +140,11 @@ def cell_path(rung: str, tag: str, seed: int) -> Path:
     return OUT / "cells" / rung / f"{tag}_s{seed}.json"
 
 
+def run_path(rung: str, tag: str, seed: int) -> Path:
+    """The cell's training run folder (its lock sits beside it, as ``<folder>.lock``)."""
+    return RUNS / rung / f"{tag}_s{seed}"
+
+
 # -- the shared BPE --------------------------------------------------------------------------------
 
 def shared_bpe() -> Path:
@@ -174,7 +179,7 @@ def bpe_rate() -> float:
 
 def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
     method, sets = variants()[tag]
-    run = RUNS / rung / f"{tag}_s{seed}"
+    run = run_path(rung, tag, seed)
     if (run / "summary.json").is_file():
         return run
     cmd = [sys.executable, "-m", "rltok", "train", "--method", method, *COMMON, "--bytes", str(RUNGS[rung]),
@@ -293,7 +298,7 @@ def cmd_calibrate(args) -> int:
             continue
         if args.tags and rec["tag"] not in args.tags.split(","):
             continue
-        run = RUNS / rec["rung"] / f"{rec['tag']}_s{rec['seed']}"
+        run = run_path(rec["rung"], rec["tag"], rec["seed"])
         if not run.is_dir():
             print(f"{path}: no run directory {run}; skipped", flush=True)
             continue
@@ -329,7 +334,8 @@ def cmd_cell(args) -> int:
     if path.is_file():
         return 0
     # one process per cell: two `run`s (or a `run` and a `cell`) side by side share the queue
-    with held(RUNS / args.rung / f"{args.tag}_s{args.seed}.lock", wait=False) as mine:
+    folder = run_path(args.rung, args.tag, args.seed)
+    with held(folder.with_name(folder.name + ".lock"), wait=False) as mine:
         if not mine:
             print(f"cell {args.rung} {args.tag} s{args.seed}: running in another process, skipped", flush=True)
             return 0
@@ -447,7 +453,7 @@ def cmd_run(args) -> int:
     def one(c):
         rung, tag, seed = c
         rc, out, err, stopped = watch_cell([sys.executable, __file__, "cell", rung, tag, str(seed)],
-                                           RUNS / rung / f"{tag}_s{seed}", rung, end,
+                                           run_path(rung, tag, seed), rung, end,
                                            machine_pace(ratios, args.pace) * MEASURE_SECONDS)
         sys.stdout.write(out)
         if stopped:
@@ -467,8 +473,12 @@ def cmd_run(args) -> int:
             est = expected_seconds(c[0], c[1], seconds)
             stopped = one(c)
             rec = json.loads(cell_path(*c).read_text()) if cell_path(*c).is_file() else {}
-            ratio = (float(rec["train_seconds"]) / est if est and rec.get("train_seconds")  # trained here
-                     else stopped_cell_pace(RUNS / c[0] / f"{c[1]}_s{c[2]}", c[0], est) if stopped else None)
+            if est and rec.get("train_seconds"):  # trained here by this lane
+                ratio = float(rec["train_seconds"]) / est
+            elif stopped:
+                ratio = stopped_cell_pace(run_path(*c), c[0], est)
+            else:
+                ratio = None
             if ratio:
                 with lock:
                     ratios.append(ratio)
