@@ -302,6 +302,9 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torc
     for key in ("step", "bytes_seen"):
         if not isinstance(state.get(key), int) or isinstance(state.get(key), bool) or state[key] < 0:
             raise CheckpointError(f"{path / 'state.json'}: {key!r} must be a non-negative integer")
+    seconds = state.get("train_seconds", 0.0)  # absent in checkpoints written before it was saved
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds < float("inf"):
+        raise CheckpointError(f"{path / 'state.json'}: 'train_seconds' must be a non-negative number")
     if not isinstance(state.get("optimizer"), dict):
         raise CheckpointError(f"{path / 'state.json'}: no optimizer state")
     return model, optim, state

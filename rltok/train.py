@@ -321,22 +321,34 @@ def train(cfg: RunConfig, out: str | Path, *, resume: bool = False, progress: bo
 @dataclass
 class LoopState:
     """What the training loop carries from step to step. The checkpoint saves it (``saved``) and
-    resuming restores it (``from_saved``); ``last_saved`` is the newest checkpoint's step on disk."""
+    resuming restores it (``from_saved``); ``last_saved`` is the newest checkpoint's step on disk.
+    ``train_seconds`` adds this process's training time to what earlier processes spent up to the
+    checkpoint it resumed, so a resumed run reports its whole training time, not the last leg's."""
 
     step: int = 0
     bytes_seen: int = 0
     bad_total: int = 0  # non-finite steps skipped in all
     consecutive_bad: int = 0  # ... in a row, up to the last one checked
     last_saved: int = -1
+    seconds_before: float = 0.0  # training seconds of earlier processes, up to the resumed checkpoint
+    clock: float | None = None  # perf_counter when this process began training
 
-    def saved(self) -> dict[str, int]:
+    def start_clock(self) -> float:
+        self.clock = time.perf_counter()
+        return self.clock
+
+    def train_seconds(self) -> float:
+        return self.seconds_before + (time.perf_counter() - self.clock if self.clock is not None else 0.0)
+
+    def saved(self) -> dict[str, Any]:
         return {"step": self.step, "bytes_seen": self.bytes_seen, "bad_steps": self.bad_total,
-                "consecutive_bad_steps": self.consecutive_bad}
+                "consecutive_bad_steps": self.consecutive_bad, "train_seconds": _round(self.train_seconds())}
 
     @classmethod
     def from_saved(cls, state: dict[str, Any]) -> "LoopState":
         return cls(step=state["step"], bytes_seen=state["bytes_seen"], bad_total=int(state.get("bad_steps", 0)),
-                   consecutive_bad=int(state.get("consecutive_bad_steps", 0)), last_saved=state["step"])
+                   consecutive_bad=int(state.get("consecutive_bad_steps", 0)), last_saved=state["step"],
+                   seconds_before=float(state.get("train_seconds", 0.0)))
 
 
 def _setup_run(cfg: RunConfig, out: Path, info: DistInfo, resume: bool, splits: Splits | None) -> Splits:
@@ -438,11 +450,11 @@ def _evaluate(model: nn.Module, splits: Splits, cfg: RunConfig, info: DistInfo, 
 class StepLog:
     """Training statistics summed between log lines, and the throughput since the last one."""
 
-    def __init__(self, bytes_seen: int):
+    def __init__(self, loop: LoopState):
         self.acc: dict[str, torch.Tensor] = {}
         self.n = 0
-        self.t_start = self.t_log = time.perf_counter()
-        self.bytes_log = bytes_seen
+        self.t_log = loop.start_clock()
+        self.bytes_log = loop.bytes_seen
 
     def add(self, so: "TrainStepOutput", accum: int) -> None:
         for st in so.stats:
@@ -457,7 +469,7 @@ class StepLog:
         now = time.perf_counter()
         rec.update(step=loop.step, bytes=loop.bytes_seen, lr=_round(lr),
                    bytes_per_s=_round((loop.bytes_seen - self.bytes_log) / max(now - self.t_log, 1e-9)),
-                   elapsed_s=_round(now - self.t_start))
+                   elapsed_s=_round(loop.train_seconds()))
         self.acc, self.n = {}, 0
         self.t_log, self.bytes_log = now, loop.bytes_seen
         return rec
@@ -576,7 +588,7 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
     eval_every = t.eval_every_bytes
     next_eval = (loop.bytes_seen // eval_every + 1) * eval_every if eval_every else None
     bar = _progress_bar(cfg, total_bytes, loop.bytes_seen) if progress and info.is_main else None
-    steplog, skipped = StepLog(loop.bytes_seen), SkippedSteps(runner, cfg, log, warn)
+    steplog, skipped = StepLog(loop), SkippedSteps(runner, cfg, log, warn)
     exit_code = 0
     model.train()
     with StopRequest() as stop:
@@ -628,7 +640,7 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
         if exit_code == 0:
             saver.save(loop)
             final = _evaluate(model, splits, cfg, info, log, sharded, max(1, layout.micro), loop, "final_eval")
-            summary = _finish(model, cfg, info, out, loop, final, time.perf_counter() - steplog.t_start)
+            summary = _finish(model, cfg, info, out, loop, final, loop.train_seconds())
     return TrainResult(run_dir=out, steps=loop.step, bytes_seen=loop.bytes_seen, exit_code=exit_code, summary=summary)
 
 

@@ -247,6 +247,20 @@ def test_run_under_a_time_limit_takes_the_first_cell_that_fits(study):
     assert study.next_cell(left, seconds, end=None, now=0.0) == ("32M", "hnet", 1)  # no limit: in order
 
 
+def test_run_partial_starts_a_cell_that_cannot_finish(study):
+    # a 3000 s cell in 2000 s: not started, unless --partial; then the first todo cell, while at
+    # least PARTIAL_MIN_SECONDS are left
+    seconds = {("32M", "rl"): [3000.0]}
+    todo = [("32M", "rl", 2), ("32M", "rl", 3)]
+    assert study.next_cell(list(todo), seconds, end=2000.0, now=0.0) is None
+    left = list(todo)
+    assert study.next_cell(left, seconds, end=2000.0, now=0.0, partial=True) == ("32M", "rl", 2)
+    assert left == [("32M", "rl", 3)]
+    short = study.PARTIAL_MIN_SECONDS - 1
+    assert study.next_cell(list(todo), seconds, end=short, now=0.0, partial=True) is None
+    assert study.next_cell([], seconds, end=2000.0, now=0.0, partial=True) is None
+
+
 def test_a_slower_machine_starts_fewer_cells(study):
     # estimates come from other machines' cells; this run's finished cells say this one takes 2x
     assert study.machine_pace([]) == 1.0 and study.machine_pace([], prior=2.0) == 2.0
@@ -312,7 +326,8 @@ def test_run_after_a_stopped_cell_picks_at_that_cells_pace(study, tmp_path, monk
         return -15, "", "", True
 
     monkeypatch.setattr(study, "watch_cell", fake_watch)
-    args = argparse.Namespace(rungs="2M", ablations=False, tags=None, jobs=1, hours=1500 / 3600, pace=1.0)
+    args = argparse.Namespace(rungs="2M", ablations=False, tags=None, jobs=1, hours=1500 / 3600, pace=1.0,
+                              partial=False)
     assert study.cmd_run(args) == 0
     assert started == ["rl_s1"]
 
@@ -344,6 +359,11 @@ def test_a_cell_that_would_end_after_the_limit_is_stopped(study, tmp_path):
         rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "1e7", "1"], run, "2M",
                                                end=end, measure=0.0, poll=0.3)
         assert (rc, stopped) == (0, False) and out.split() == ["training", "done"]
+    # --partial: the same late cell trains on until the last look before the end (about 3 s here)
+    t0 = time.time()
+    rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "100", "60"], run, "2M",
+                                           end=t0 + 3.5, measure=0.0, poll=0.5, partial=True)
+    assert stopped and rc != 0 and 2.5 < time.time() - t0 < 30
     # late at every look, but fewer looks than asked for (a slow minute beside a test run): not stopped
     rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "100", "1"], run, "2M",
                                            end=time.time() + 60, measure=0.0, poll=0.2, looks=1000)

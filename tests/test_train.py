@@ -55,6 +55,29 @@ def test_resume_reaches_identical_weights(small_corpus_file, tmp_path, method, o
     assert steps == sorted(set(steps))  # no duplicated lines after resuming
 
 
+def test_resumed_run_counts_earlier_training_seconds(small_corpus_file, tmp_path, monkeypatch):
+    """A run stopped and resumed reports the training time of both legs. The first leg runs on a
+    clock that moves 100 s a reading, so its seconds dwarf the resumed leg's real ones: a summary
+    that counted only the last leg would be far below the checkpoint's."""
+    import itertools
+    import time as real_time
+    import rltok.train as train_mod
+    from rltok.checkpoint import load_latest_checkpoint
+
+    ticks = itertools.count(step=100.0)
+    fake = type("FakeTime", (), {"perf_counter": staticmethod(lambda: next(ticks)),
+                                 "time": staticmethod(real_time.time), "sleep": staticmethod(real_time.sleep)})
+    monkeypatch.setattr(train_mod, "time", fake)
+    train(_cfg(small_corpus_file, **{"train.ckpt_every": 4}), tmp_path / "r", progress=False, stop_at_step=5)
+    monkeypatch.setattr(train_mod, "time", real_time)
+    first = load_latest_checkpoint(tmp_path / "r")[3]["train_seconds"]
+    assert first >= 100
+    resumed = train(_cfg(small_corpus_file), tmp_path / "r", resume=True, progress=False)
+    assert first <= resumed.summary["train_seconds"] < first + 100
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["elapsed_s"] >= first for r in lines if "event" not in r and r["step"] > 5)
+
+
 def test_existing_run_needs_resume(small_corpus_file, tmp_path):
     from rltok.errors import RltokError
 

@@ -356,15 +356,23 @@ def cmd_cell(args) -> int:
 MEASURE_SECONDS = 120  # a cell's measurement after training (about 45 s at 8 MB here), with room
 
 
-def next_cell(todo: list, seconds: dict, end: float | None, now: float, pace: float = 1.0):
+def next_cell(todo: list, seconds: dict, end: float | None, now: float, pace: float = 1.0,
+              partial: bool = False):
     """Take the first todo cell expected to finish by ``end`` (all of them when there is no end;
     under an end, a cell with no estimate is not started). ``pace``: this machine's seconds per
-    estimated second (:func:`machine_pace`), since machines differ by 2x from session to session."""
+    estimated second (:func:`machine_pace`), since machines differ by 2x from session to session.
+    ``partial``: failing that, the first cell at all while ``PARTIAL_MIN_SECONDS`` are left, to train
+    until ``end`` and resume in a later session (where its run folder survives)."""
     for i, c in enumerate(todo):
         est = expected_seconds(c[0], c[1], seconds)
         if end is None or (est is not None and now + pace * (est + MEASURE_SECONDS) <= end):
             return todo.pop(i)
+    if partial and todo and end is not None and now + PARTIAL_MIN_SECONDS <= end:
+        return todo.pop(0)
     return None
+
+
+PARTIAL_MIN_SECONDS = 900.0  # run --partial: less than this left, a cell is not started
 
 
 def machine_pace(ratios: list[float], prior: float = 1.0) -> float:
@@ -407,10 +415,11 @@ def stopped_cell_pace(run_dir: Path, rung: str, est: float | None) -> float | No
 
 
 def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, measure: float,
-               poll: float = 60.0, looks: int = 3) -> tuple[int, str, str, bool]:
+               poll: float = 60.0, looks: int = 3, partial: bool = False) -> tuple[int, str, str, bool]:
     """Run a cell's command; with an ``end``, stop it (its process group) once its measured speed
     says, at ``looks`` polls in a row (not one slow minute beside a test run), that it would finish
-    after ``end``: the first cells of a ``run`` are started on other machines' estimates. Returns
+    after ``end``: the first cells of a ``run`` are started on other machines' estimates. With
+    ``partial``, such a cell trains on until the last poll before ``end``. Returns
     (returncode, stdout, stderr, stopped). A stopped cell keeps its checkpoints."""
     import signal
 
@@ -423,7 +432,7 @@ def watch_cell(cmd: list[str], run_dir: Path, rung: str, end: float | None, meas
         except subprocess.TimeoutExpired:
             left = projected_seconds(run_dir, rung) if end is not None else None
             late = late + 1 if left is not None and time.time() + left + measure > end else 0
-            if late >= looks:
+            if late >= looks and (not partial or time.time() + poll >= end):
                 try:  # SIGTERM: rltok train stops at its next step with a checkpoint
                     os.killpg(p.pid, signal.SIGTERM)
                 except ProcessLookupError:  # it ended meanwhile
@@ -437,6 +446,9 @@ def cmd_run(args) -> int:
 
     from rltok.threads import set_threads
 
+    if args.partial and not args.hours:
+        print("study run: --partial needs --hours (when to stop the cell it starts)", file=sys.stderr)
+        return 2
     set_threads(1)
     shared_bpe()
     todo = [c for c in plan(args.rungs.split(","), args.ablations) if not cell_path(*c).is_file()]
@@ -454,7 +466,8 @@ def cmd_run(args) -> int:
         rung, tag, seed = c
         rc, out, err, stopped = watch_cell([sys.executable, __file__, "cell", rung, tag, str(seed)],
                                            run_path(rung, tag, seed), rung, end,
-                                           machine_pace(ratios, args.pace) * MEASURE_SECONDS)
+                                           machine_pace(ratios, args.pace) * MEASURE_SECONDS,
+                                           partial=args.partial)
         sys.stdout.write(out)
         if stopped:
             sys.stdout.write(f"cell {rung} {tag} s{seed} stopped: at its measured speed it would end after "
@@ -467,7 +480,7 @@ def cmd_run(args) -> int:
     def lane():
         while True:
             with lock:
-                c = next_cell(todo, seconds, end, time.time(), machine_pace(ratios, args.pace))
+                c = next_cell(todo, seconds, end, time.time(), machine_pace(ratios, args.pace), args.partial)
             if c is None:
                 return
             est = expected_seconds(c[0], c[1], seconds)
@@ -943,6 +956,9 @@ def main(argv=None) -> int:
         q.add_argument("--pace", type=float, default=1.0,
                        help="run --hours: this machine's seconds per estimated second until its first cell "
                             "finishes (then measured); 2 on a machine half as fast as the one that ran the cells")
+        q.add_argument("--partial", action="store_true",
+                       help="run --hours: when no cell would finish, start one anyway and stop it at the end "
+                            "with a checkpoint; a later run resumes it where its run folder survives")
         q.set_defaults(func=fn)
     c = sub.add_parser("cell")
     c.add_argument("rung", choices=list(RUNGS))
