@@ -368,3 +368,19 @@ def test_a_cell_that_would_end_after_the_limit_is_stopped(study, tmp_path):
     rc, out, _, stopped = study.watch_cell([sys.executable, "-c", SLOW_CELL, str(run), "100", "1"], run, "2M",
                                            end=time.time() + 60, measure=0.0, poll=0.2, looks=1000)
     assert (rc, stopped) == (0, False)
+
+
+def test_a_cell_resumes_only_a_run_that_wrote_its_config(study, tmp_path, monkeypatch):
+    # a cell stopped right after `rltok train` made its folder (only a lock in it) has nothing to
+    # resume: `--resume` there fails ("is not a run"), so the cell must start it afresh
+    monkeypatch.setattr(study, "RUNS", tmp_path / "runs")
+    cmds = []
+    monkeypatch.setattr(study.subprocess, "run", lambda cmd, **kw: cmds.append(cmd) or
+                        study.subprocess.CompletedProcess(cmd, 0))
+    run = study.run_path("32M", "rl", 3)
+    run.mkdir(parents=True)
+    (run / ".lock").write_text("1234\n")
+    study.train_cell("32M", "rl", 3, tmp_path / "bpe.json")
+    (run / "config.json").write_text("{}")
+    study.train_cell("32M", "rl", 3, tmp_path / "bpe.json")
+    assert ["--resume" in c for c in cmds] == [False, True]

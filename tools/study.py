@@ -188,8 +188,8 @@ def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
         cmd += ["--set", s.replace("BPE_RATE", f"{bpe_rate():.3f}")]
     if method == "bpe":
         cmd += ["--set", f"boundary.tokenizer={tokenizer}"]
-    if run.is_dir():
-        cmd.append("--resume")
+    if (run / "config.json").is_file():  # not just the folder: a run stopped before its config
+        cmd.append("--resume")            # was written (it holds only a lock) cannot be resumed
     run.parent.mkdir(parents=True, exist_ok=True)
     with open(run.parent / f"{run.name}.log", "a") as log:
         # cwd: `python -m rltok` puts the working directory first on sys.path, so the run uses
