@@ -34,7 +34,7 @@ from .distributed import DistInfo, StopVote, init_distributed, launched_by_torch
 from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
-from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, read_config, write_config
+from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, is_run, read_config, write_config
 from .rates import off_policy, requested_rate, schedule_of
 from .threads import describe_current
 
@@ -172,7 +172,7 @@ def _round(x: float) -> float:
 def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
     """Create RUN or open it for resuming. Returns the config to use."""
     if resume:
-        if not (out / "config.json").is_file():
+        if not is_run(out):
             raise RltokError(f"--resume: {out} is not a run (no config.json)")
         saved = read_config(out)
         # the training length may be extended on resume; everything else comes from the run

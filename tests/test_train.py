@@ -86,6 +86,19 @@ def test_existing_run_needs_resume(small_corpus_file, tmp_path):
         train(_cfg(small_corpus_file), tmp_path / "r", progress=False)
 
 
+def test_resume_needs_a_run_not_just_its_folder(small_corpus_file, tmp_path):
+    # a run stopped before it wrote config.json leaves a folder with only its lock: --resume
+    # names the missing config, and a fresh train in that folder goes ahead
+    from rltok.errors import RltokError
+
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / ".lock").write_text("1234\n")
+    with pytest.raises(RltokError, match=r"--resume: .* is not a run \(no config.json\)"):
+        train(_cfg(small_corpus_file), tmp_path / "r", resume=True, progress=False)
+    train(_cfg(small_corpus_file), tmp_path / "r", progress=False)
+    assert (tmp_path / "r" / "config.json").is_file()
+
+
 def test_rate_penalty_drives_rate_to_target(small_corpus_file):
     """Start the policy far above the target (rate ~0.95) and train briefly: the achieved rate
     must come down to r* = 0.2."""

@@ -178,6 +178,8 @@ def bpe_rate() -> float:
 # -- one cell ---------------------------------------------------------------------------------------
 
 def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
+    from rltok.run import is_run
+
     method, sets = variants()[tag]
     run = run_path(rung, tag, seed)
     if (run / "summary.json").is_file():
@@ -188,8 +190,8 @@ def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
         cmd += ["--set", s.replace("BPE_RATE", f"{bpe_rate():.3f}")]
     if method == "bpe":
         cmd += ["--set", f"boundary.tokenizer={tokenizer}"]
-    if (run / "config.json").is_file():  # not just the folder: a run stopped before its config
-        cmd.append("--resume")            # was written (it holds only a lock) cannot be resumed
+    if is_run(run):  # not just the folder: a run stopped before its config was written (it holds
+        cmd.append("--resume")  # only a lock) cannot be resumed
     run.parent.mkdir(parents=True, exist_ok=True)
     with open(run.parent / f"{run.name}.log", "a") as log:
         # cwd: `python -m rltok` puts the working directory first on sys.path, so the run uses
