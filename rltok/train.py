@@ -182,7 +182,7 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
         for k in ("device", "parallel", "compile"):
             setattr(saved.train, k, getattr(cfg.train, k))
         return saved.validate()
-    if (out / "config.json").exists():
+    if is_run(out):
         raise RltokError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     return cfg
 
