@@ -34,7 +34,7 @@ from .distributed import DistInfo, StopVote, init_distributed, launched_by_torch
 from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
-from .run import METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, is_run, read_config, write_config
+from .run import CONFIG, METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, is_run, read_config, write_config
 from .rates import off_policy, requested_rate, schedule_of
 from .threads import describe_current
 
@@ -173,7 +173,7 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
     """Create RUN or open it for resuming. Returns the config to use."""
     if resume:
         if not is_run(out):
-            raise RltokError(f"--resume: {out} is not a run (no config.json)")
+            raise RltokError(f"--resume: {out} is not a run (no {CONFIG})")
         saved = read_config(out)
         # the training length may be extended on resume; everything else comes from the run
         saved.train.total_bytes = cfg.train.total_bytes

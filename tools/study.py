@@ -178,11 +178,11 @@ def bpe_rate() -> float:
 # -- one cell ---------------------------------------------------------------------------------------
 
 def train_cell(rung: str, tag: str, seed: int, tokenizer: Path) -> Path:
-    from rltok.run import is_run
+    from rltok.run import SUMMARY, is_run
 
     method, sets = variants()[tag]
     run = run_path(rung, tag, seed)
-    if (run / "summary.json").is_file():
+    if (run / SUMMARY).is_file():
         return run
     cmd = [sys.executable, "-m", "rltok", "train", "--method", method, *COMMON, "--bytes", str(RUNGS[rung]),
            "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]
