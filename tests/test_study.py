@@ -384,3 +384,18 @@ def test_a_cell_resumes_only_a_run_that_wrote_its_config(study, tmp_path, monkey
     (run / "config.json").write_text("{}")
     study.train_cell("32M", "rl", 3, tmp_path / "bpe.json")
     assert ["--resume" in c for c in cmds] == [False, True]
+
+
+def test_keep_run_files_commits_the_records_not_the_weights(study, tmp_path, monkeypatch):
+    # what a finished cell leaves in results/study/runs: small JSON records, never checkpoints
+    monkeypatch.setattr(study, "OUT", tmp_path / "out")
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    for f in ("config.json", "summary.json", "metrics.jsonl", "tokenizer.info.json", "model.safetensors",
+              "tokenizer.json"):
+        (run / f).write_text(f)
+    study.keep_run_files("2M", "bpe", 3, run)
+    kept = tmp_path / "out" / "runs" / "2M" / "bpe_s3"
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "config.json", "metrics.jsonl", "summary.json", "tokenizer.info.json"]
+    assert (kept / "summary.json").read_text() == "summary.json"

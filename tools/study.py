@@ -319,9 +319,12 @@ def cmd_calibrate(args) -> int:
 
 
 def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
+    from rltok.bpe import TOKENIZER_INFO
+    from rltok.run import CONFIG, METRICS, SUMMARY
+
     dest = OUT / "runs" / rung / f"{tag}_s{seed}"
     dest.mkdir(parents=True, exist_ok=True)
-    for f in ("config.json", "summary.json", "metrics.jsonl", "tokenizer.info.json"):
+    for f in (CONFIG, SUMMARY, METRICS, TOKENIZER_INFO):
         if (run / f).is_file():
             shutil.copy2(run / f, dest / f)
 
