@@ -4,8 +4,9 @@
         [--init-from RUN] [--json PATH]
 
 Profiles ``--steps`` real training steps (:class:`rltok.bench.Bench`, the step ``rltok train``
-runs) with torch.profiler and, in the same process, measures two machine limits: the dense bf16
-matmul rate (:func:`rltok.bench.measure_matmul_peak`) and the memory bandwidth of a streaming
+runs) with torch.profiler and, in the same process, measures two machine limits: the dense
+matmul rate in the dtype the step runs in (:func:`rltok.bench.measure_matmul_peak`: the best of a
+1024^3 square and the model's own shapes) and the memory bandwidth of a streaming
 float32 triad (a = b + s * c over 3 x 128 MB). Every leaf op (no aten op below it) is then one of
 
 * a matmul (mm, bmm, addmm, baddbmm): its floor is its FLOPs at the measured matmul rate;
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     torch.set_num_threads(args.threads)
-    from rltok.bench import Bench, measure_matmul_peak
+    from rltok.bench import Bench, measure_matmul_peak, model_matmul_shapes
 
     over = dict(kv.split("=", 1) for kv in args.set)
     if args.data:
@@ -88,7 +89,10 @@ def main(argv=None) -> int:
     b = Bench(args.method, args.preset, overrides=over, device="cpu", init_from=args.init_from or None)
     for _ in range(3):
         b.step(record=False)
-    peak = measure_matmul_peak(torch.device("cpu"), b.cfg.train.dtype, 1.0)
+    dtype = b.step_fn.dtype.dtype  # train.dtype with auto resolved (rltok/precision.py)
+    # the peak at the model's own matmul shapes (the best of them) and at a 1024^3 square
+    square = measure_matmul_peak(torch.device("cpu"), dtype, 1.0)
+    peak = max(square, measure_matmul_peak(torch.device("cpu"), dtype, 1.0, shapes=model_matmul_shapes(b.cfg)))
     bw = measure_bandwidth()
     # times from a plain profile (recording shapes adds per-op overhead), FLOPs and bytes from
     # a second one of the same number of steps
@@ -130,8 +134,9 @@ def main(argv=None) -> int:
     mm_f = sum(r["floor_s"] for r in rows if r["matmul"])
     el_t = sum(r["time_s"] for r in rows if not r["matmul"])
     el_f = sum(r["floor_s"] for r in rows if not r["matmul"])
-    print(f"{args.method} {args.preset}, {args.threads} thread(s): step {wall:.3f} s (profiled; the "
-          f"profiler adds overhead), matmul peak {peak / 1e12:.3f} TFLOP/s, triad bandwidth {bw / 1e9:.1f} GB/s")
+    print(f"{args.method} {args.preset}, {dtype}, {args.threads} thread(s): step {wall:.3f} s (profiled; the "
+          f"profiler adds overhead), matmul peak {peak / 1e12:.3f} TFLOP/s (1024^3: {square / 1e12:.3f}), "
+          f"triad bandwidth {bw / 1e9:.1f} GB/s")
     print()
     print("| op | calls/step | time s | floor s | time / floor |")
     print("|---|---|---|---|---|")

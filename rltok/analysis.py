@@ -100,7 +100,7 @@ def pieces_of(docs: Sequence[bytes], size: int) -> list[bytes]:
 
 
 def segment_docs(model: nn.Module, docs: Sequence[bytes], *, seed: int = 0, mode: str = "sample",
-                 batch_size: int = 16, dtype: str = "fp32", progress: bool | str = False):
+                 batch_size: int = 16, dtype: str = "auto", progress: bool | str = False):
     """Pieces of the documents with their per-byte scores (boundaries, probabilities, log-probs)."""
     pieces = pieces_of(docs, model_seq_len(model) - 1)
     res = score_requests(model, [Request(b"", p) for p in pieces], seed=seed, mode=mode,

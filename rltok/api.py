@@ -27,7 +27,7 @@ from torch import nn
 
 from .schema import BOS, PAD
 from .data.loader import Batch, document_windows, window_starts
-from .evaluate import autocast_for, eval_noise
+from .evaluate import autocast_for, eval_noise, model_width
 from .objectives import score as score_batch
 from .tasks.scoring import model_seq_len
 from .data.corpus import Corpus
@@ -73,7 +73,7 @@ def _batch(texts: list[bytes], seq_len: int) -> Batch:
 
 @torch.no_grad()
 def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode: str = "sample",
-          seed: int = 0, boundaries: Sequence[Sequence[int]] | None = None, dtype: str = "fp32",
+          seed: int = 0, boundaries: Sequence[Sequence[int]] | None = None, dtype: str = "auto",
           rate: float | None = None) -> Scored:
     """Per-byte log-probabilities and the boundaries used, for a batch of texts.
 
@@ -99,7 +99,7 @@ def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode:
     was = model.training
     model.eval()
 
-    with requested_rate(model, rate, "rate="), autocast_for(device, dtype):
+    with requested_rate(model, rate, "rate="), autocast_for(device, dtype, model_width(model)):
         out = score_batch(model, batch, noise=noise, mode=mode, boundaries=fixed)
     model.train(was)
     lps, bs, ps = [], [], []
@@ -189,7 +189,7 @@ def _whole_characters(data: bytes, offsets: list[tuple[int, int]]) -> list[tuple
 
 @torch.no_grad()
 def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = "greedy", seed: int = 0,
-                 dtype: str = "fp32", batch_size: int = 8, rate: float | None = None) -> list[Encoding]:
+                 dtype: str = "auto", batch_size: int = 8, rate: float | None = None) -> list[Encoding]:
     """The chunks of each text. ``mode``: ``greedy`` (boundary where its probability > 0.5) or
     ``sample`` (drawn as in training, from ``seed``). Every byte of a text is an input (BOS +
     the text), so the boundary after its last byte is the forced end of the sequence. A text
@@ -215,7 +215,7 @@ def encode_batch(model: nn.Module, texts: Sequence[str | bytes], *, mode: str = 
         with requested_rate(model, rate, "rate="):
             for docs, wins, batch in document_windows(Corpus.from_docs(docs_in), seq_len, batch_size, stride=stride):
                 noise = eval_noise(seed, 0, docs, batch.ids.shape[1], wins).to(device)
-                with autocast_for(device, dtype):
+                with autocast_for(device, dtype, model_width(model)):
                     out = score_batch(model, batch.to(device), noise=noise, mode=mode)
                 if out.boundaries is None:
                     raise ValueError("this model has no chunk boundaries")

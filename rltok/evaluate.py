@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from contextlib import nullcontext
 from typing import Callable
 
 import numpy as np
@@ -27,6 +26,7 @@ from .schema import PAD
 from .data.corpus import Corpus
 from .data.loader import Batch, document_windows
 from .model.chunking import decided_mask
+from .precision import DEFAULT_D_MODEL, autocast as precision_autocast
 from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
 
 
@@ -102,10 +102,16 @@ def boundary_enrichment(surprisal: np.ndarray, starts: np.ndarray, top: float = 
             "start_surprisal_ratio": float(s[st].mean() / s.mean()) if s.mean() > 0 else float("nan")}
 
 
-def autocast_for(device: torch.device, dtype: str):
-    if dtype == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
+def model_width(model: nn.Module) -> int | None:
+    """d_model of a loaded run's model (for the dtype probe's shapes), None where unknown."""
+    cfg = getattr(model, "run_config", None)
+    return getattr(getattr(cfg, "model", None), "d_model", None)
+
+
+def autocast_for(device: torch.device, dtype: str, d_model: int | None = None):
+    """Autocast for ``dtype`` on ``device``; ``auto`` is the faster of bf16 and fp32 here
+    (:mod:`rltok.precision`)."""
+    return precision_autocast(device, dtype, d_model or DEFAULT_D_MODEL)
 
 
 def eval_noise(seed: int, sample: int, doc_indices, length: int, windows=None) -> torch.Tensor:
@@ -120,7 +126,7 @@ def eval_noise(seed: int, sample: int, doc_indices, length: int, windows=None) -
 @torch.no_grad()
 def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | None = None,
                     samples: int = 1, mode: str = "sample", batch_size: int = 8, seed: int = 0,
-                    dtype: str = "bf16", progress: bool = False, whole: bool = False,
+                    dtype: str = "auto", progress: bool = False, whole: bool = False,
                     stride: int | None = None,
                     on_batch: Callable[[np.ndarray, Batch, ScoreOutput, int], None] | None = None) -> EvalResult:
     """``on_batch(doc_indices, batch, score_output, sample)`` sees every scored batch (e.g. to
@@ -154,7 +160,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         np.add.at(bytes_doc, idx, scored.sum(1).cpu().numpy())
         for k in range(k_samples):
             noise = eval_noise(seed, k, idx, batch.ids.shape[1], windows).to(device)
-            with autocast_for(device, dtype):
+            with autocast_for(device, dtype, model_width(model)):
                 out = score(model, batch, noise=noise, mode=mode)
             np.add.at(nll_doc, idx, out.nll.double().sum(1).cpu().numpy() / k_samples)
             if on_batch is not None:

@@ -54,7 +54,7 @@ from .schema import BOS, PAD
 from .errors import RltokError
 from .model.inference import DecodeStep, InferenceState, PrefillOutput  # noqa: F401  (the decoding types)
 from .model.inference import _fit, _pad_rows, _with_end_column
-from .evaluate import autocast_for
+from .evaluate import autocast_for, model_width
 from .text import to_bytes
 
 STOP_REASONS = ("eos", "stop", "length")  # end of document predicted, stop string, max_new_bytes
@@ -304,7 +304,7 @@ def generate(model: nn.Module, prompts: str | bytes | Sequence[str | bytes], max
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, boundary_mode: str = "sample",
              stop: str | bytes | Sequence[str | bytes] | None = None, seed: int | None = None,
              stream: Callable[[int, str], None] | None = None, cache: bool = True,
-             max_prompt_bytes: int | None = None, dtype: str = "fp32") -> GenerateResult:
+             max_prompt_bytes: int | None = None, dtype: str = "auto") -> GenerateResult:
     """Continue each prompt by up to ``max_new_bytes`` bytes, all prompts as one batch.
 
     This signature is stable: tasks call ``generate(model, prompts, max_new_bytes,
@@ -370,7 +370,7 @@ def generate(model: nn.Module, prompts: str | bytes | Sequence[str | bytes], max
     peak: dict[str, int] = {}
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     try:
-        with autocast_for(device, dtype):
+        with autocast_for(device, dtype, model_width(model)):
             t0 = time.perf_counter()
             logits, bounds = engine.start(seqs)
             ttfb = decode_s = 0.0

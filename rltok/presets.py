@@ -77,7 +77,7 @@ _PAPER_RUN = {
     "boundary.reward": "early_exit", "boundary.baseline": "batch_mean", "boundary.baseline_group": 8,
     "boundary.pg_weight": 0.01, "boundary.rate_weight": 0.01, "boundary.lm_weight": 0.9,
     "boundary.early_weight": 0.1, "boundary.target_rate": 0.2,
-    "train.batch_bytes": 128 * 4096, "train.seed": 42, "train.dtype": "bf16",
+    "train.batch_bytes": 128 * 4096, "train.seed": 42, "train.dtype": "auto",  # bf16 on GPUs
 }
 _ABLATION = {"preset": "18M", "method": "rl", **_PAPER_RUN, "train.batch_bytes": 32 * 4096,
              "data.source": "data/fineweb"}

@@ -18,7 +18,7 @@ import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from .distributed import DistInfo, StopVote, init_distributed, launched_by_torch
 from .errors import NonFiniteError, RltokError
 from .evaluate import autocast_for, evaluate_corpus
 from .objectives import ratios, training_loss
+from .precision import DtypeChoice, resolve_dtype, warning_once
 from .run import CONFIG, METRICS, MODEL, SUMMARY, RunLock, build_model, check_weights, is_run, read_config, write_config
 from .rates import off_policy, requested_rate, schedule_of
 from .threads import describe_current
@@ -227,6 +228,16 @@ class TrainStepOutput:
     stats: list[dict[str, torch.Tensor]]  # per micro-step statistics (device tensors)
 
 
+def train_dtype(cfg: RunConfig, info: DistInfo) -> DtypeChoice:
+    """train.dtype with ``auto`` resolved on this machine; processes of one run agree (fp32 if
+    any of them found fp32 the faster)."""
+    choice = resolve_dtype(info.device, cfg.train.dtype, cfg.model.d_model)
+    if info.enabled and cfg.train.dtype == "auto" and info.device.type == "cpu":
+        if info.any(choice.dtype == "fp32") and choice.dtype == "bf16":
+            choice = replace(choice, dtype="fp32", reason="another process of this run found fp32 the faster")
+    return choice
+
+
 class TrainStep:
     """One optimizer step: forward/backward over the accumulation micro-steps of this rank's
     slice of the global batch, gradient clipping, a finite check and AdamW. Shared by the
@@ -239,10 +250,11 @@ class TrainStep:
     """
 
     def __init__(self, model: nn.Module, fwd: nn.Module, opt: torch.optim.Optimizer, cfg: RunConfig,
-                 info: DistInfo, dataset: SequenceDataset, layout: Layout):
+                 info: DistInfo, dataset: SequenceDataset, layout: Layout, dtype: DtypeChoice | None = None):
         self.model, self.fwd, self.opt, self.cfg, self.info = model, fwd, opt, cfg, info
         self.dataset, self.layout = dataset, layout
-        self.amp = autocast_for(info.device, cfg.train.dtype)
+        self.dtype = dtype or train_dtype(cfg, info)  # train.dtype with auto resolved (precision.py)
+        self.amp = autocast_for(info.device, self.dtype.dtype, cfg.model.d_model)
         self.device_skip = bool(getattr(opt, "_step_supports_amp_scaling", False))
         self.rates = schedule_of(model)  # rate conditioning or curriculum: each step's rate (rates.py)
         self.total_bytes = (cfg.train.max_steps * cfg.bytes_per_step if cfg.train.max_steps
@@ -436,7 +448,8 @@ def _evaluate(model: nn.Module, splits: Splits, cfg: RunConfig, info: DistInfo, 
     t, res = cfg.train, {}
     # sharded weights: every rank runs the (identical) evaluation, since each forward gathers
     if (info.is_main or sharded) and t.eval_docs > 0 and len(splits.val):
-        r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs, dtype=t.dtype,
+        r = evaluate_corpus(model, splits.val, cfg.model.seq_len, docs=t.eval_docs,
+                            dtype=resolve_dtype(info.device, t.dtype, cfg.model.d_model).dtype,
                             seed=0, batch_size=batch_size)
         res = {"val_bpb": r.bpb, "val_bpb_se": r.bpb_se, "val_rate": r.rate,
                "val_whitespace_recall": r.whitespace_recall, "val_whitespace_precision": r.whitespace_precision,
@@ -551,7 +564,8 @@ def _finish(model: nn.Module, cfg: RunConfig, info: DistInfo, out: Path, loop: L
         summary = {"finished": True, "method": cfg.method, "steps": loop.step, "bytes": loop.bytes_seen,
                    "params": sum(p.numel() for p in model.parameters()),
                    "flop_params_per_byte": per_byte, "flop_params_per_chunk": per_chunk,
-                   "train_seconds": _round(seconds), "bad_steps": loop.bad_total, "world_size": info.world, **final}
+                   "train_seconds": _round(seconds), "bad_steps": loop.bad_total, "world_size": info.world,
+                   "dtype": resolve_dtype(info.device, cfg.train.dtype, cfg.model.d_model).dtype, **final}
         ckpt.write_json_atomic(out / SUMMARY, summary)
     info.barrier()
     return summary
@@ -567,7 +581,8 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
     splits = _setup_run(cfg, out, info, resume, splits)
     model = build_model(cfg, out).to(info.device)
     warn = (lambda m: print(m, file=sys.stderr)) if info.is_main else (lambda m: None)
-    for line in _start_lines(model, cfg, splits, info):
+    dtype = train_dtype(cfg, info)
+    for line in _start_lines(model, cfg, splits, info, dtype):
         warn(f"rltok: {line}")
     loop, found = _resume(model, out, log, info, warn) if resume else (LoopState(), None)
     log.open_sinks(cfg, resume)
@@ -580,7 +595,7 @@ def _train(cfg: RunConfig, out: Path, info: DistInfo, log: MetricsLog, *, resume
         _load_optimizer(model, opt, found, sharded)
 
     runner = TrainStep(model, fwd, opt, cfg, info, SequenceDataset(splits.train, cfg.model.seq_len, t.seed,
-                                                                   cfg.data.packing), layout)
+                                                                   cfg.data.packing), layout, dtype)
     saver = Saver(model, opt, cfg, info, out, sharded)
     total_steps = cfg.total_steps
     total_bytes = total_steps * cfg.bytes_per_step
@@ -657,7 +672,7 @@ def _show(bar, rec: dict[str, Any]) -> None:
                         ws=f"{rec.get('whitespace_recall', float('nan')):.2f}")
 
 
-def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
+def _start_lines(model: nn.Module, cfg: RunConfig, splits, info, dtype: DtypeChoice) -> list[str]:
     """What a run is, said before it starts: the model's size (applied per byte and per chunk),
     the data, the device, dtype and threads, and the training FLOPs per byte at the target rate."""
     n = sum(p.numel() for p in model.parameters())
@@ -677,7 +692,10 @@ def _start_lines(model: nn.Module, cfg: RunConfig, splits, info) -> list[str]:
     lines = [f"data: {cfg.data.source}, {len(tr):,} training documents ({tr.total_bytes / 1e6:.1f} MB){temp}, "
              f"{len(va):,} validation{test}; training on {budget} ({cfg.method})",
              size,
-             f"device: {info.device.type}, dtype {cfg.train.dtype}, {info.world} process(es)"]
+             f"device: {info.device.type}, {info.world} process(es)", dtype.describe()]
+    warning = warning_once(dtype)
+    if warning:
+        lines.append(warning)
     if info.device.type == "cpu":
         lines.append(describe_current())
     return lines

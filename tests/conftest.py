@@ -9,6 +9,10 @@ import pytest
 import torch
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+# train.dtype=auto picks the faster of bf16 and fp32 on the CPU at hand (rltok/precision.py);
+# the suite's numbers must not depend on which CPU CI gets, so auto means fp32 here (also in the
+# CLI subprocesses, which inherit it). tests/test_precision.py lifts the pin and fakes the probe.
+os.environ.setdefault("RLTOK_CPU_DTYPE", "fp32")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("RLTOK_SHARED", REPO.parent / "shared"))

@@ -35,7 +35,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the boundary sample")
     p.add_argument("--batch-size", type=positive_int, default=16, help="pieces per forward pass")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: each run's training dtype")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default=None, help="default: each run's training dtype")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     add_threads_arg(p)

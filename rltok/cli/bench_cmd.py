@@ -24,7 +24,7 @@ def register(sub) -> None:
     p.add_argument("--steps", type=positive_int, default=10, help="timed optimizer steps per method")
     p.add_argument("--warmup", type=nonneg_int, default=2, help="untimed steps per method first")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="device")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the preset's")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default=None, help="default: the preset's (auto: the faster here)")
     p.add_argument("--data", default=None, help="data source (default: the preset's)")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="sequences per step (default: the preset's global batch)")

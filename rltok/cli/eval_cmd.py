@@ -44,7 +44,7 @@ def register(sub) -> None:
     p.add_argument("--seed", type=seed_arg, default=0, help="seed of the evaluation boundary samples")
     p.add_argument("--batch-size", type=positive_int, default=8, help="documents per forward pass")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None, help="default: the run's training dtype")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default=None, help="default: the run's training dtype")
     p.add_argument("--checkpoint", default=None, help="evaluate a checkpoint (e.g. step_00000100) instead of the final weights")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_threads_arg(p)

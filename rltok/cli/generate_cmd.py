@@ -34,7 +34,8 @@ def register(sub) -> None:
                    help="also print prompt and continuation cut into the decoded chunks, separated by |")
     p.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     p.add_argument("--device", type=device_arg, default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="fp32", help="compute precision")
+    p.add_argument("--dtype", choices=["auto", "bf16", "fp32"], default=None,
+                   help="compute precision (default: the run's training dtype; auto = the faster here)")
     p.add_argument("--threads", type=nonneg_int, default=0,
                    help="CPU threads (0 = the available cores less those busy with other work); 1 is often fastest for one byte at a time")
     p.add_argument("--checkpoint", default=None, help="use a checkpoint (e.g. step_00000100) instead of the final weights")
@@ -84,7 +85,7 @@ def run(args) -> int:
         res = generate(model, prompts, args.max_bytes, temperature=args.temperature, top_p=args.top_p,
                        top_k=args.top_k, boundary_mode="greedy" if args.greedy_boundaries else "sample",
                        stop=stops, seed=args.seed, stream=stream if streaming else None,
-                       cache=not args.no_cache, dtype=args.dtype)
+                       cache=not args.no_cache, dtype=args.dtype or model.run_config.train.dtype)
     for i, g in enumerate(res):
         chunks = [c.decode("utf-8", errors="replace") for c in g.chunks()]
         if args.json:

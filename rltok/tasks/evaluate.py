@@ -127,7 +127,7 @@ def score_items(model: nn.Module, items: Sequence[TaskItem], *, gold_only: bool 
 
 
 def greedy_word_accuracy(model: nn.Module, items: Sequence[TaskItem], *, batch_size: int = 16,
-                         mode: str = "sample", seed: int = 0, dtype: str = "fp32",
+                         mode: str = "sample", seed: int = 0, dtype: str = "auto",
                          progress: bool = False) -> float | str:
     """LAMBADA by greedy decoding: generate len(target) + 1 bytes after the context (the prompt
     keeps its last seq_len - 1 bytes); correct if they start with the target word and the word
@@ -159,7 +159,7 @@ def greedy_word_accuracy(model: nn.Module, items: Sequence[TaskItem], *, batch_s
 
 
 def evaluate_tasks(model: nn.Module, tasks: dict[str, tuple[list[TaskItem], str]], *, samples: int = 1,
-                   seed: int = 0, mode: str = "sample", batch_size: int = 16, dtype: str = "fp32",
+                   seed: int = 0, mode: str = "sample", batch_size: int = 16, dtype: str = "auto",
                    gold_only: bool = False, generation: bool = True, progress: bool = False) -> list[TaskResult]:
     results = []
     for name, (items, source) in tasks.items():

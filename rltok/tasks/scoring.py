@@ -35,7 +35,7 @@ from torch import nn
 
 from ..schema import BOS, PAD
 from ..data.loader import Batch
-from ..evaluate import autocast_for
+from ..evaluate import autocast_for, model_width
 from ..objectives import score as score_batch
 
 
@@ -106,7 +106,7 @@ def _layout(req: Request, seq_len: int) -> _Row:
 
 @torch.no_grad()
 def score_requests(model: nn.Module, requests: Sequence[Request], *, samples: int = 1, seed: int = 0,
-                   mode: str = "sample", batch_size: int = 16, dtype: str = "fp32",
+                   mode: str = "sample", batch_size: int = 16, dtype: str = "auto",
                    details: bool = False, progress: bool | str = False) -> list[RequestScore]:
     """Score requests (see the module docstring). ``mode``: ``sample`` boundaries (the paper's
     evaluation) or ``greedy`` (probability > 0.5; one pass). ``details`` keeps per-byte
@@ -149,7 +149,7 @@ def score_requests(model: nn.Module, requests: Sequence[Request], *, samples: in
                     row, req = rows[i], requests[i]
                     full = request_noise(seed, k, req, row.offset + len(row.keep))
                     noise[r, :len(row.keep)] = torch.from_numpy(full[row.offset:])
-                with autocast_for(device, dtype):
+                with autocast_for(device, dtype, model_width(model)):
                     out = score_batch(model, batch, noise=noise.to(device), mode=mode)
                 tnll = out.nll.double().cpu()
                 corr = out.correct.cpu() if out.correct is not None else None
