@@ -307,7 +307,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 8
+FORMAT_VERSION = 9
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -320,7 +320,7 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.rate_control": 4, "boundary.control_gain": 4,
     "model.stages": 5, "model.inner_enc_layers": 5, "model.inner_dec_layers": 5,
     "boundary.inner_target_rate": 5, "boundary.rate_integral_gain": 6,
-    "boundary.inner_baseline": 7,
+    "boundary.inner_baseline": 7, "boundary.rate_antiwindup": 9,
     # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
     # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
     # run's); match arrived in format 4 as boundary.match, upsample and pool in 3

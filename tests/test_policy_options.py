@@ -330,3 +330,39 @@ def test_integral_rate_controller_by_hand():
         plain.boundary.rate_offset.fill_(0.5)
         hi = plain(ids, noise=batch.noise).boundary.logits
     assert ((hi - lo) > 0).all()
+
+
+def test_rate_penalty_sees_the_networks_own_rate_under_antiwindup():
+    """A wound-up controller: the network's own logits sit at logit(r*) while the offset (-4)
+    holds the policy far below r*. Without anti-windup the penalty sees the held rate and pushes
+    the network's logits up (it winds further: the v2 study's windup); with it the penalty sees
+    the network's own rate, r*, and leaves the network alone, so the integral term alone must
+    bring the offset back."""
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (4, 64), generator=g)
+    batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
+                  noise=torch.rand(4, 64, generator=g), index=torch.arange(4))
+    seen, grads = {}, {}
+    for antiwindup in (False, True):
+        cfg = build_config("rl", "smoke", overrides={
+            "boundary.rate_integral_gain": 1e-9, "boundary.rate_antiwindup": antiwindup,
+            "boundary.pg_weight": 0.0, "boundary.target_rate": 0.2})
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        pol = model.boundary
+        with torch.no_grad():
+            for p in pol.parameters():
+                p.zero_()  # the network's own logit is logit(r*) at every byte
+            pol.rate_offset.fill_(-4.0)
+        model.zero_grad()
+        sl = training_loss(model, batch, cfg)
+        sl.loss.backward()
+        seen[antiwindup] = float(sl.stats["policy_rate"])
+        grads[antiwindup] = sum(float(p.grad.abs().sum()) for p in pol.parameters() if p.grad is not None)
+    # forced positions count as probability 1 in the penalty's rate: a few per row
+    assert seen[False] < 0.08  # the held rate, sigmoid(logit(0.2) - 4) ~ 0.005 on decided bytes
+    assert seen[True] == pytest.approx(0.2, abs=0.06)  # the network's own
+    assert grads[False] > 3 * grads[True]  # what is left: the forced ends count as probability 1

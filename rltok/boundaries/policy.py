@@ -84,6 +84,13 @@ class PolicyConfig(BoundaryConfig):
     # logit offset c moves by -gain * (F - r*), F the achieved boundary fraction (as H-Net's
     # rate_control=threshold); holds the training rate at r* where the penalty alone drifts
     rate_integral_gain: float = 0.0
+    # with the controller: the rate penalty sees the network's own rate (its logits less the
+    # controller's offset), so the network keeps carrying r* and the offset only trims what is
+    # left. Without it the penalty sees the held rate (~r*, no restoring force), the policy
+    # gradient moves the network's logits freely and the offset follows them without bound
+    # (v2 study: -3 to -5 at 8 MB, -9.5 to -17.3 at 32 MB, toward the clamp at -20). Off by
+    # default so that older runs, which lack the key, train as they did.
+    rate_antiwindup: bool = False
 
     def validate(self) -> None:
         super().validate()
@@ -240,6 +247,19 @@ class BoundaryPolicy(BoundaryModule):
         if c > 0 and (self.training or self.cfg.cap_at_eval):
             return c * torch.tanh(x / c)
         return x
+
+    def _uncap(self, logit: Tensor) -> Tensor:
+        """The inverse of ``_cap`` (saturated logits clamped just inside the cap)."""
+        c = self.cfg.softcap
+        if c > 0 and (self.training or self.cfg.cap_at_eval):
+            return c * torch.atanh((logit.float() / c).clamp(-1 + 1e-6, 1 - 1e-6))
+        return logit.float()
+
+    def _network_probs(self, logits: Tensor) -> Tensor:
+        """Boundary probabilities without the controller's offset: what the network's own
+        logits give (rate_antiwindup). No gradient: the penalty's gradient is on the logits."""
+        with torch.no_grad():
+            return torch.sigmoid(self._cap(self._uncap(logits) - self.rate_offset))
 
     def _logits(self, V: Tensor, b: Tensor | None) -> Tensor:
         """Teacher-forced logits (B, S) from V (B, S, w) and decisions b (B, S)."""
@@ -398,15 +418,18 @@ class BoundaryPolicy(BoundaryModule):
             rho = est.importance_ratio(out.log_prob, out.hard.bool(), self.rate, out.decided, cfg.is_clip)
             G = G * rho
         pg = est.policy_gradient_surrogate(G, out.log_prob, mask, ctx.n_targets)
+        probs = out.probs
+        if cfg.rate_integral_gain > 0 and cfg.rate_antiwindup:
+            probs = self._network_probs(out.logits)
         if cfg.rate_loss in ("logit_shift", "hinge"):
             segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None
-            rate, pbar = est.rate_penalty(out.probs, out.logits, out.decided, ctx.valid,
+            rate, pbar = est.rate_penalty(probs, out.logits, out.decided, ctx.valid,
                                           self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge",
                                           segments=segments, all_reduce_sum=ctx.all_reduce_sum)
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)
-            pbar = (out.probs * out.decided + (v - out.decided.float())).sum() / n
+            pbar = (probs * out.decided + (v - out.decided.float())).sum() / n
             fbar = ctx.reduce_mean((out.hard.detach() * v).sum() / n)
             rate = est.ratio_loss(fbar, pbar, self.rate)
         dm = out.decided & mask
