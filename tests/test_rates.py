@@ -153,7 +153,8 @@ def _calibration_corpus():
 
 @pytest.mark.parametrize("method,over", [("rl", {"boundary.rate_integral_gain": 1.0, "boundary.scale": 4.0}),
                                          ("rl", {"boundary.scale": 4.0}),  # the paper's penalty only
-                                         ("hnet", {"boundary.rate_control": "threshold"})])
+                                         ("hnet", {"boundary.rate_control": "threshold"}),
+                                         ("nawrot", {})])  # its evaluation-only logit offset
 @pytest.mark.parametrize("target", [0.12, 0.3])
 def test_calibrate_rate_hits_the_target_on_the_calibration_text(method, over, target):
     """The knob moves (in the right direction) until the rate on the calibration documents, scored

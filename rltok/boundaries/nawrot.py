@@ -89,12 +89,18 @@ class NawrotBoundaries(BoundaryModule):
         d = model_cfg.d_model
         hidden = max(1, int(round(d * cfg.hidden_mult)))
         self.predictor = nn.Sequential(nn.Linear(d, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        # an evaluation knob (evaluate.calibrate_rate): a logit offset, 0 in training and not
+        # saved, so that dynamic pooling can be compared at r* on any text, as rl's offset allows
+        self.register_buffer("rate_offset", torch.zeros(()), persistent=False)
+
+    def rate_knob(self):
+        return self.rate_offset, 1.0, -20.0, 20.0
 
     def forward(self, h: Tensor, ids: Tensor, *, valid: Tensor, noise: Tensor | None = None,
                 fixed: Tensor | None = None, mode: str = "sample") -> BoundaryOutput:
         cfg = self.cfg
         B, S = ids.shape
-        logits = self.predictor(h).squeeze(-1).float()
+        logits = self.predictor(h).squeeze(-1).float() + self.rate_offset
         forced = forced_mask(valid)
         decided = valid & ~forced
         if mode == "greedy":
@@ -118,7 +124,7 @@ class NawrotBoundaries(BoundaryModule):
     def step(self, h: Tensor, ids: Tensor, state: None, *, pos: Tensor, noise: Tensor | None = None,
              fixed: Tensor | None = None, mode: str = "sample") -> BoundaryStep:
         cfg = self.cfg
-        logit = self.predictor(h).squeeze(-1).float()
+        logit = self.predictor(h).squeeze(-1).float() + self.rate_offset
         if mode == "greedy":
             relaxed = logit / cfg.temperature
         else:
