@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..schema import RunConfig
 from .corpus import Corpus, Splits, split_corpus
+from .prose import is_prose_source
 from .sources import load_corpus
 
 
@@ -16,7 +17,11 @@ def is_prepared(source: str) -> bool:
 def load_splits(cfg: RunConfig) -> Splits:
     """Train/validation/test documents of the run's data source."""
     src = cfg.data.source
-    if is_prepared(src):
+    if is_prose_source(src):  # split by article and author, not by document hash (rltok/data/prose.py)
+        from .prose import load_prose
+
+        splits = load_prose(cfg.data)
+    elif is_prepared(src):
         from .prepared import open_prepared
 
         splits = open_prepared(src)

