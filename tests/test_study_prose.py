@@ -1,0 +1,63 @@
+"""The prose study's bookkeeping (tools/study_prose.py): the seeds per cell, the paired test that
+decides every pre-registered comparison, and the summary built from cell records."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def sp():
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import study_prose as s
+    finally:
+        sys.path.pop(0)
+    return s
+
+
+def test_five_seeds_where_the_issue_asks(sp):
+    cells = sp.plan(["2M", "8M", "32M"])
+    def n(rung, tag):
+        return sum(1 for c in cells if c[0] == rung and c[1] == tag)
+    assert n("2M", "rl") == 3 and n("2M", "bpe-lm") == 3
+    for rung in ("8M", "32M"):
+        for tag in ("rl", "uniform", "nawrot", "hnet", "bpe"):
+            assert n(rung, tag) == 5
+        assert n(rung, "rl-penalty") == 3 and n(rung, "bytes") == 3
+    assert n("8M", "abl-gamma1") == 3 and n("32M", "abl-gamma1") == 0 and n("2M", "stride") == 0
+    assert len(cells) == len(set(cells))
+    # seed by seed: every rung's first three seeds come before any fourth
+    eight = [c for c in cells if c[0] == "8M"]
+    assert max(i for i, c in enumerate(eight) if c[2] == 3) < min(i for i, c in enumerate(eight) if c[2] == 4)
+
+
+def test_paired_test_hand_worked(sp):
+    # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, SE 0.1/sqrt(3); t = 2*sqrt(3) = 3.464 with 2 df
+    t = sp.paired_test([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])
+    assert t["mean"] == pytest.approx(0.2) and t["se"] == pytest.approx(0.1 / 3 ** 0.5)
+    assert t["p"] == pytest.approx(0.0742, abs=5e-4)  # two-sided, t(2) at 3.464
+    assert t["ci95"][0] < 0 < t["ci95"][1]  # p > 0.05: the interval holds 0
+    assert sp.paired_test([1.0], [0.5])["p"] is None
+
+
+def _cell(tag, seed, bpb):
+    ev = {"bpb": bpb, "rate": 0.2, "whitespace_recall": 0.8, "per_doc_bpb": [bpb], "docs": 1}
+    return {"rung": "2M", "tag": tag, "method": tag, "seed": seed, "flops_per_byte_train": 9.5e6,
+            "train_rate_late": 0.2, **{s: dict(ev) for s in ("test", "test512", "c4", "wikitext", "docs_domain")}}
+
+
+def test_summary_pairs_by_seed_and_resolves_only_below_005(sp):
+    cells = [_cell("uniform", s, 2.0 + 0.01 * s) for s in (1, 2, 3)]
+    cells += [_cell("rl", s, 2.0 + 0.01 * s - d) for s, d in zip((1, 2, 3), (0.05, 0.06, 0.04))]
+    cells += [_cell("nawrot", s, 2.0 + 0.01 * s + d) for s, d in zip((1, 2, 3), (0.05, -0.06, 0.02))]
+    summ = sp.summarize(cells)["2M"]
+    by = {(t["method"], t["reference"], t["set"]): t for t in summ["comparisons"]}
+    u = by["rl", "uniform", "test"]
+    assert u["mean"] == pytest.approx(-0.05) and u["resolved"] and u["p"] < 0.05
+    n = by["rl", "nawrot", "test"]
+    assert not n["resolved"]
+    assert summ["rows"]["rl"]["test"]["bpb"] == pytest.approx(2.02 - 0.05)

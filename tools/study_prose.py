@@ -1,0 +1,555 @@
+"""Issue 36: the replication study on real prose -- Wikipedia and books, leak-free splits, whole
+documents scored, rates matched on every evaluation set, five seeds where the answer is close.
+
+    python tools/study_prose.py run --rungs 2M --jobs 2          # train + measure (resumable)
+    python tools/study_prose.py plan --rungs 2M,8M,32M           # cells, done or not
+    python tools/study_prose.py report                           # results.json, tables, plots
+
+From a frozen checkout, point it at the live one's folders: RLTOK_STUDY_RESULTS=results/study-prose
+RLTOK_STUDY_RUNS=runs/study-prose RLTOK_SHARED_DATA=../shared/data (as tools/study.py).
+
+The design, and the comparisons tested, are written in results/study-prose/README.md before the
+runs. In short:
+
+* data: ``--data prose`` (rltok/data/prose.py): English Wikipedia + 221 Project Gutenberg books,
+  split by article / by author before anything is cut, near-duplicates across splits removed;
+  every cell at a rung reads the same training bytes in a seed's order, never a byte twice;
+* a cell: ``rltok train --preset tiny --data prose --bytes RUNG --seed SEED`` with the tag's
+  overrides, one thread, in runs/study-prose/RUNG/TAG_sSEED (resumed where cut short), then
+  measured in-process; its record in results/study-prose/cells/RUNG/TAG_sSEED.json;
+* evaluation sets, every byte of every document scored (``whole``, windows of seq_len):
+  ``test`` (the prose test split; the paper's first-512-bytes protocol beside it as ``test512``),
+  ``c4`` (C4 train-split documents 200-999 of ../shared/data/webtext/c4/c4_sample.jsonl),
+  ``wikitext`` (all of WikiText-2 test, one document per article) and ``docs_domain`` (the first
+  128 documents of the ``english`` corpus's test split: technical documentation);
+* rates: a router with a rate knob (rl's logit offset, hnet's threshold, nawrot's logit offset)
+  is calibrated to r* = 0.2 on a held-out slice of each evaluation domain before that set is
+  scored (``CALIBRATE``); the others run at their own rate (uniform and stride are exact);
+  FLOPs per byte are counted at the training rate and at each set's evaluation rate;
+* rl's integral controller with anti-windup (``boundary.rate_antiwindup``), and the paper's
+  penalty-only ``rl-penalty`` at every rung.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study as v2  # noqa: E402  (the v2 study's cell scheduling: next_cell, watch_cell, machine_pace)
+
+OUT = Path(os.environ.get("RLTOK_STUDY_RESULTS", ROOT / "results" / "study-prose"))
+RUNS = Path(os.environ.get("RLTOK_STUDY_RUNS", ROOT / "runs" / "study-prose"))
+SHARED = Path(os.environ.get("RLTOK_SHARED_DATA", ROOT.parent / "shared" / "data"))
+RUNGS = {"2M": 2_000_000, "8M": 8_000_000, "32M": 32_000_000}
+TARGET_RATE = 0.2
+COMMON = ["--preset", "tiny", "--data", "prose"]
+# rltok's integral controller, with anti-windup (the v2 study's offset drifted toward its clamp)
+HOLD = ["boundary.rate_integral_gain=1", "boundary.rate_antiwindup=true"]
+VARIANTS: dict[str, tuple[str, list[str]]] = {
+    "rl": ("rl", HOLD),
+    "rl-penalty": ("rl", []),  # the paper's rate control only
+    "uniform": ("uniform", []),
+    "nawrot": ("nawrot", []),
+    "hnet": ("hnet", ["boundary.rate_control=threshold"]),
+    "bpe": ("bpe", []),
+    "bpe-lm": ("bpe-lm", ["flat.vocab_size=8192"]),
+    "bytes": ("bytes", []),  # FLOP-matched flat byte LM
+    "rl-paper": ("rl", ["boundary.window=8", "boundary.scale=0.0625", *HOLD]),
+    "stride": ("stride", []),
+    "whitespace": ("whitespace", []),
+    "rl-2stage": ("rl", ["model.stages=2", *HOLD]),
+    "bytes-params": ("bytes", ["flat.match=params"]),
+}
+ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against rl-penalty
+    "abl-gamma1": ("rl", ["boundary.gamma=1"]),
+    "abl-no-early-exit": ("rl", ["boundary.reward=neg_ce"]),
+    "abl-no-batch-relative": ("rl", ["boundary.baseline=none"]),
+    "abl-w8": ("rl", ["boundary.window=8"]),
+    "abl-scale16": ("rl", ["boundary.scale=0.0625"]),
+    "abl-no-rate-penalty": ("rl", ["boundary.rate_weight=0"]),
+}
+TOP = ("rl", "rl-penalty", "uniform", "nawrot", "hnet", "bytes", "bpe-lm", "bpe")
+LADDER = {"2M": TOP, "8M": tuple(VARIANTS) + tuple(ABLATIONS), "32M": TOP}
+FIVE_SEEDS = ("rl", "uniform", "nawrot", "hnet", "bpe")  # at 8 and 32 MB: the close comparisons
+
+
+def seeds(rung: str, tag: str) -> tuple[int, ...]:
+    return (1, 2, 3, 4, 5) if rung != "2M" and tag in FIVE_SEEDS else (1, 2, 3)
+
+
+def variants() -> dict[str, tuple[str, list[str]]]:
+    return {**VARIANTS, **ABLATIONS}
+
+
+def plan(rungs: list[str]) -> list[tuple[str, str, int]]:
+    """Rung by rung; within a rung seed by seed over the tags (a rung cut short has whole seeds)."""
+    cells = []
+    for rung in rungs:
+        tags = LADDER[rung]
+        for seed in range(1, 6):
+            cells += [(rung, t, seed) for t in tags if seed in seeds(rung, t)]
+    return cells
+
+
+def cell_path(rung: str, tag: str, seed: int) -> Path:
+    return OUT / "cells" / rung / f"{tag}_s{seed}.json"
+
+
+def run_path(rung: str, tag: str, seed: int) -> Path:
+    return RUNS / rung / f"{tag}_s{seed}"
+
+
+# -- evaluation sets -------------------------------------------------------------------------------
+
+C4_CALIBRATION = 200  # C4 documents 0..199 calibrate, 200..999 are scored
+DOCS_DOMAIN_DOCS = 128
+# calibration: BOS + the first seq_len bytes of the first CAL_DOCS documents of the set's held-out
+# slice, bisected to within CAL_TOL of r* (each bisection step is one evaluation of that slice)
+CAL_DOCS, CAL_TOL = 128, 0.004
+
+
+def _wikitext_articles() -> list[bytes]:
+    """WikiText-2 test, one document per article (a line `` = Title = `` starts one)."""
+    raw = (SHARED / "wikitext2_raw" / "wiki.test.raw").read_bytes()
+    docs, cur = [], []
+    for line in raw.split(b"\n"):
+        s = line.strip()
+        if s.startswith(b"= ") and s.endswith(b" =") and not s.startswith(b"= ="):
+            if cur and b"".join(cur).strip():
+                docs.append(b"\n".join(cur).strip() + b"\n")
+            cur = []
+        cur.append(line)
+    if cur and b"".join(cur).strip():
+        docs.append(b"\n".join(cur).strip() + b"\n")
+    return docs
+
+
+def eval_sets(splits) -> dict[str, tuple]:
+    """name -> (scored corpus, calibration corpus, what the calibration slice is). Built once per
+    process (the english corpus and C4 are read from disk)."""
+    from rltok.config import build_config
+    from rltok.data import load_splits
+    from rltok.data.corpus import Corpus
+    from rltok.data.sources import load_corpus
+
+    c4 = load_corpus(str(SHARED / "webtext" / "c4" / "c4_sample.jsonl"))
+    c4_docs = [c4.doc_bytes(i) for i in range(len(c4))]
+    eng = load_splits(build_config("uniform", "tiny", overrides={"data.source": "english", "data.test_docs": 256}))
+    wiki_val = [splits.val.doc_bytes(i) for i in range(len(splits.val))]
+    return {
+        "test": (splits.test, splits.val, "prose validation split"),
+        "c4": (Corpus.from_docs(c4_docs[C4_CALIBRATION:], "c4"), Corpus.from_docs(c4_docs[:C4_CALIBRATION], "c4-cal"),
+               f"C4 sample documents 0-{C4_CALIBRATION - 1}"),
+        # WikiText-2 is Wikipedia: calibrated on the prose validation split (no WikiText byte)
+        "wikitext": (Corpus.from_docs(_wikitext_articles(), "wikitext2-test"), Corpus.from_docs(wiki_val, "prose-val"),
+                     "prose validation split"),
+        # the first DOCS_DOMAIN_DOCS of the english test split (256 whole documents are 2.1 MB:
+        # an hour of evaluation per cell on one thread), each document whole
+        "docs_domain": (eng.test.subset(list(range(DOCS_DOMAIN_DOCS))), eng.val, "english validation split"),
+    }
+
+
+# -- one cell ---------------------------------------------------------------------------------------
+
+def train_cell(rung: str, tag: str, seed: int) -> Path:
+    from rltok.run import SUMMARY, is_run
+
+    method, sets = variants()[tag]
+    run = run_path(rung, tag, seed)
+    if (run / SUMMARY).is_file():
+        return run
+    cmd = [sys.executable, "-m", "rltok", "train", "--method", method, *COMMON, "--bytes", str(RUNGS[rung]),
+           "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]
+    for s in sets:
+        cmd += ["--set", s]
+    if is_run(run):
+        cmd.append("--resume")
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.parent / f"{run.name}.log", "a") as log:
+        r = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (rc {r.returncode}); see {run.parent / (run.name + '.log')}")
+    return run
+
+
+def offset_trace(run: Path, points: int = 40) -> list[list[float]]:
+    """(bytes, rate_offset) of the integral controller over training, thinned to ``points``."""
+    from rltok.run import METRICS
+
+    rows = []
+    with open(run / METRICS) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if "rate_offset" in r and "bytes" in r:
+                rows.append([int(r["bytes"]), float(r["rate_offset"])])
+    step = max(1, len(rows) // points)
+    return rows[::step] + ([rows[-1]] if rows and rows[-1] not in rows[::step] else [])
+
+
+def measure_cell(rung: str, tag: str, seed: int, run: Path) -> dict:
+    import rltok
+    from rltok.compare import training_record
+    from rltok.data import load_splits
+    from rltok.evaluate import calibrate_rate, evaluate_corpus, rate_knob
+    from rltok.flops import training_flops_per_byte
+
+    model = rltok.load(run)
+    cfg = model.run_config
+    splits = load_splits(cfg)
+    rec = {"rung": rung, "tag": tag, "method": cfg.method, "seed": seed, "overrides": variants()[tag][1],
+           "bytes": RUNGS[rung], "corpus": "prose", "train_split_bytes": int(splits.train.total_bytes),
+           "weights": model.weights, **training_record(run, model)}
+    rec.pop("flops", None)
+    rec["flops_per_byte_train"] = rec.pop("flops_per_byte")
+    if cfg.method == "rl" and cfg.boundary.rate_integral_gain > 0:
+        rec["offset_trace"] = offset_trace(run)
+    knob = rate_knob(model)
+    kw = dict(dtype=cfg.train.dtype, batch_size=16)
+    for name, (scored, cal_docs, cal_what) in eval_sets(splits).items():
+        entry: dict = {}
+        if knob is not None:
+            c = calibrate_rate(model, cal_docs, cfg.model.seq_len, TARGET_RATE, docs=CAL_DOCS, tol=CAL_TOL, **kw)
+            entry["calibration"] = {"on": f"{cal_what}, first {CAL_DOCS} documents, first seq_len bytes", "value": c.value,
+                                    "rate": c.rate, "before_value": c.before_value, "before_rate": c.before_rate,
+                                    "evaluations": c.evaluations}
+        r = evaluate_corpus(model, scored, cfg.model.seq_len, whole=True, **kw)
+        entry.update(r.to_dict(per_doc=True))
+        entry["calibrated"] = knob is not None
+        rate = entry.get("rate")
+        if rate is not None and rate == rate:
+            entry["flops_per_byte"] = training_flops_per_byte(model, cfg, rate).per_byte
+        rec[name] = entry
+        if name == "test":  # the paper's protocol beside it: BOS + the first seq_len bytes
+            r512 = evaluate_corpus(model, scored, cfg.model.seq_len, whole=False, **kw)
+            rec["test512"] = {**r512.to_dict(per_doc=True), "calibrated": knob is not None}
+        if knob is not None:  # each set calibrates afresh from the trained value
+            knob[0].fill_(entry["calibration"]["before_value"])
+    rec["rate"], rec["bpb"] = rec["test"]["rate"], rec["test"]["bpb"]
+    return v2._plain(rec)
+
+
+def cmd_cell(args) -> int:
+    from rltok.checkpoint import write_json_atomic
+    from rltok.locks import held
+    from rltok.threads import set_threads
+
+    set_threads(1)
+    path = cell_path(args.rung, args.tag, args.seed)
+    if path.is_file():
+        return 0
+    folder = run_path(args.rung, args.tag, args.seed)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with held(folder.with_name(folder.name + ".lock"), wait=False) as mine:
+        if not mine:
+            print(f"cell {args.rung} {args.tag} s{args.seed}: running in another process, skipped", flush=True)
+            return 0
+        if path.is_file():
+            return 0
+        t0 = time.time()
+        run = train_cell(args.rung, args.tag, args.seed)
+        t1 = time.time()
+        rec = measure_cell(args.rung, args.tag, args.seed, run)
+        rec["measure_seconds"] = round(time.time() - t1, 1)
+        keep_run_files(args.rung, args.tag, args.seed, run)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, rec)
+    print(f"cell {args.rung} {args.tag} s{args.seed}: test bpb {rec['bpb']:.4f} rate {rec['rate']:.3f} "
+          f"({t1 - t0:.0f} s training, {rec['measure_seconds']:.0f} s measuring)", flush=True)
+    return 0
+
+
+def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
+    import shutil
+
+    from rltok.bpe import TOKENIZER_INFO
+    from rltok.run import CONFIG, METRICS, SUMMARY
+
+    dest = OUT / "runs" / rung / f"{tag}_s{seed}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (CONFIG, SUMMARY, METRICS, TOKENIZER_INFO):
+        if (run / f).is_file():
+            shutil.copy2(run / f, dest / f)
+
+
+def cell_seconds() -> dict[tuple[str, str], list[float]]:
+    out: dict[tuple[str, str], list[float]] = {}
+    for f in sorted((OUT / "cells").glob("*/*.json")):
+        rec = json.loads(f.read_text())
+        if rec.get("train_seconds"):
+            out.setdefault((rec["rung"], rec["tag"]), []).append(float(rec["train_seconds"]) +
+                                                                 float(rec.get("measure_seconds", 0)))
+    return out
+
+
+def write_leakage() -> dict:
+    """results/study-prose/leakage.json: the prose corpus's split statistics and leakage figures
+    (rltok.data.prose builds the splits first if needed; two cells then read the cache)."""
+    from rltok.checkpoint import write_json_atomic
+    from rltok.data.prose import prose_stats
+
+    stats = prose_stats()
+    rec = {**stats["leakage"], **{k: stats.get(k) for k in ("splits", "mixture", "dedup", "version", "split_seed")}}
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(OUT / "leakage.json", rec)
+    return rec
+
+
+def cmd_run(args) -> int:
+    from rltok.threads import set_threads
+
+    set_threads(1)
+    write_leakage()
+    todo = [c for c in plan(args.rungs.split(",")) if not cell_path(*c).is_file()]
+    if args.tags:
+        todo = [c for c in todo if c[1] in args.tags.split(",")]
+    print(f"{len(todo)} cells to run", flush=True)
+    end = time.time() + args.hours * 3600 if args.hours else None
+    seconds = cell_seconds()
+    lock = threading.Lock()
+
+    def lane():
+        while True:
+            with lock:
+                c = v2.next_cell(todo, seconds, end, time.time(), args.pace, args.partial)
+            if c is None:
+                return
+            rung, tag, seed = c
+            rc, out, err, stopped = v2.watch_cell([sys.executable, __file__, "cell", rung, tag, str(seed)],
+                                                  run_path(*c), rung, end, args.pace * v2.MEASURE_SECONDS,
+                                                  partial=args.partial)
+            sys.stdout.write(out)
+            if stopped:
+                sys.stdout.write(f"cell {rung} {tag} s{seed} stopped before --hours ended (checkpoints kept)\n")
+            elif rc != 0:
+                sys.stdout.write(f"cell {rung} {tag} s{seed} FAILED: {err.strip().splitlines()[-3:]}\n")
+            sys.stdout.flush()
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        list(pool.map(lambda _: lane(), range(args.jobs)))
+    return 0
+
+
+def cmd_plan(args) -> int:
+    cells = plan(args.rungs.split(","))
+    done = [c for c in cells if cell_path(*c).is_file()]
+    for c in cells:
+        print(("done " if c in done else "todo ") + " ".join(map(str, c)))
+    print(f"{len(done)} of {len(cells)} cells done")
+    return 0
+
+
+# -- report -----------------------------------------------------------------------------------------
+
+SETS = ("test", "test512", "c4", "wikitext", "docs_domain")
+SET_NAMES = {"test": "prose test (whole)", "test512": "prose test (first 512 bytes)", "c4": "C4 (whole)",
+             "wikitext": "WikiText-2 (whole)", "docs_domain": "technical docs (whole)"}
+# the pre-registered comparisons (results/study-prose/README.md): (method, reference)
+COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"), ("rl", "rl-penalty"),
+               ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot")] + [(a, "rl-penalty") for a in ABLATIONS]
+
+
+def paired_test(a: list[float], b: list[float]) -> dict:
+    """Paired difference a - b over seeds: mean, SE over seeds, the two-sided paired t-test's p
+    (n - 1 degrees of freedom) and a 95% interval; p is None below two pairs."""
+    import math
+
+    import numpy as np
+
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    n = len(d)
+    out = {"n": n, "mean": float(d.mean()) if n else float("nan"), "per_seed": d.tolist()}
+    if n < 2:
+        return {**out, "se": float("nan"), "p": None, "ci95": None}
+    from scipy import stats
+
+    se = float(d.std(ddof=1) / math.sqrt(n))
+    p = float(stats.ttest_rel(a, b).pvalue) if se > 0 else (0.0 if d.mean() != 0 else 1.0)
+    h = float(stats.t.ppf(0.975, n - 1) * se)
+    return {**out, "se": se, "p": p, "ci95": [out["mean"] - h, out["mean"] + h]}
+
+
+def summarize(cells: list[dict]) -> dict:
+    """Per rung and tag: mean ± SE over seeds of bits/byte and rate on each set, FLOPs per byte at
+    the training rate and at each set's evaluation rate; per rung, the pre-registered comparisons."""
+    import numpy as np
+
+    from rltok.evaluate import standard_error as se
+
+    by: dict = {}
+    for c in cells:
+        by.setdefault(c["rung"], {}).setdefault(c["tag"], {})[c["seed"]] = c
+    out: dict = {}
+    for rung, tags in by.items():
+        rows = {}
+        for tag, cs in tags.items():
+            s = {"method": next(iter(cs.values()))["method"], "seeds": sorted(cs)}
+            for ev in SETS:
+                v = [c[ev]["bpb"] for c in cs.values() if ev in c]
+                r = [c[ev]["rate"] for c in cs.values() if ev in c and c[ev].get("rate") is not None]
+                s[ev] = {"bpb": float(np.mean(v)) if v else float("nan"), "bpb_se": se(v),
+                         "rate": float(np.mean(r)) if r else None,
+                         "rate_range": [min(r), max(r)] if r else None,
+                         "docs": next(iter(cs.values())).get(ev, {}).get("docs")}
+                f = [c[ev]["flops_per_byte"] for c in cs.values() if "flops_per_byte" in c.get(ev, {})]
+                s[ev]["flops_per_byte"] = float(np.mean(f)) if f else None
+            for k in ("flops_per_byte_train", "train_rate_late", "train_seconds", "params"):
+                v = [c[k] for c in cs.values() if isinstance(c.get(k), (int, float))]
+                s[k] = float(np.mean(v)) if v else None
+            s["whitespace_recall"] = float(np.mean([c["test"]["whitespace_recall"] for c in cs.values()]))
+            rows[tag] = s
+        tests = []
+        for a, b in COMPARISONS:
+            if a not in tags or b not in tags:
+                continue
+            common = sorted(set(tags[a]) & set(tags[b]))
+            for ev in SETS:
+                pa = [tags[a][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
+                pb = [tags[b][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
+                t = paired_test(pa, pb)
+                t.update(method=a, reference=b, set=ev, seeds=common,
+                         resolved=t["p"] is not None and t["p"] < 0.05)
+                tests.append(t)
+        out[rung] = {"rows": rows, "comparisons": tests}
+    return out
+
+
+def _fmt(x, nd=4) -> str:
+    return "—" if x is None or x != x else f"{x:.{nd}f}"
+
+
+def tables(summary: dict) -> str:
+    lines = []
+    for rung in sorted(summary, key=RUNGS.get):
+        rows = summary[rung]["rows"]
+        lines += [f"### {rung} bytes per run", "",
+                  "| method | seeds | " + " | ".join(f"{SET_NAMES[e]} bpb (rate)" for e in SETS)
+                  + " | train FLOPs/byte | ws recall |", "|" + "---|" * (len(SETS) + 4)]
+        for tag in [t for t in list(VARIANTS) + list(ABLATIONS) if t in rows]:
+            s = rows[tag]
+            cells = [f"{_fmt(s[e]['bpb'])} ± {_fmt(s[e]['bpb_se'])} ({_fmt(s[e]['rate'], 3)})" for e in SETS]
+            lines.append(f"| {tag} | {len(s['seeds'])} | " + " | ".join(cells)
+                         + f" | {_fmt((s['flops_per_byte_train'] or float('nan')) / 1e6, 2)}M | {_fmt(s['whitespace_recall'], 3)} |")
+        lines += ["", f"#### {rung}: pre-registered comparisons (paired over seeds, two-sided t, n − 1 df)", "",
+                  "| comparison | set | seeds | Δ bpb | SE | 95% CI | p | resolved |", "|---|---|---|---|---|---|---|---|"]
+        for t in summary[rung]["comparisons"]:
+            ci = f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]" if t["ci95"] else "—"
+            p = "—" if t["p"] is None else f"{t['p']:.3g}"
+            lines.append(f"| {t['method']} − {t['reference']} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
+                         f"| {ci} | {p} | {'yes' if t['resolved'] else 'no'} |")
+        lines.append("")
+    lines.append("bpb: mean over seeds ± SE over seeds; rate: mean boundaries per byte on that set (routers with a "
+                 "knob calibrated to r* = 0.2 on a held-out slice of the set's domain first). A comparison is "
+                 "resolved only at p < 0.05.")
+    return "\n".join(lines)
+
+
+def plot(summary: dict, cells: list[dict], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rungs = sorted(summary, key=RUNGS.get)
+    tags = [t for t in VARIANTS if any(t in summary[r]["rows"] for r in rungs)]
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    for i, tag in enumerate(tags):
+        col = plt.cm.tab20(i % 20)
+        rs = [r for r in rungs if tag in summary[r]["rows"]]
+        rows = [summary[r]["rows"][tag] for r in rs]
+        axes[0].errorbar([RUNGS[r] for r in rs], [s["test"]["bpb"] for s in rows],
+                         yerr=np.nan_to_num([s["test"]["bpb_se"] for s in rows]), marker="o", capsize=2, label=tag, color=col)
+        fl = [(s["flops_per_byte_train"] or np.nan) * RUNGS[r] for s, r in zip(rows, rs)]
+        axes[1].errorbar(fl, [s["test"]["bpb"] for s in rows], yerr=np.nan_to_num([s["test"]["bpb_se"] for s in rows]),
+                         marker="o", capsize=2, label=tag, color=col)
+        d = [(RUNGS[r], t) for r in rs for t in summary[r]["comparisons"]
+             if t["method"] == tag and t["reference"] == "uniform" and t["set"] == "test"]
+        if tag == "rl" and d:
+            axes[2].errorbar([x for x, _ in d], [t["mean"] for _, t in d], yerr=np.nan_to_num([t["se"] for _, t in d]),
+                             marker="o", capsize=2, label="rl − uniform", color=col)
+    # every method's Δ vs uniform, paired by seed, from the cells
+    by = {}
+    for c in cells:
+        by.setdefault((c["rung"], c["tag"]), {})[c["seed"]] = c["test"]["bpb"]
+    for i, tag in enumerate(tags):
+        if tag in ("uniform", "rl"):
+            continue
+        pts = []
+        for r in rungs:
+            a, u = by.get((r, tag), {}), by.get((r, "uniform"), {})
+            k = sorted(set(a) & set(u))
+            if k:
+                d = np.array([a[s] - u[s] for s in k])
+                pts.append((RUNGS[r], d.mean(), d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0))
+        if pts:
+            axes[2].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="s",
+                             capsize=2, label=f"{tag} − uniform", color=plt.cm.tab20(i % 20))
+    for a in axes:
+        a.set_xscale("log", base=2)
+        a.grid(alpha=0.3)
+    axes[0].set_xlabel("training bytes per run")
+    axes[1].set_xlabel("training FLOPs per run (at the training rate)")
+    axes[2].set_xlabel("training bytes per run")
+    axes[0].set_ylabel("prose test bits/byte (whole documents)")
+    axes[2].set_ylabel("Δ bits/byte vs uniform (same seed, same documents)")
+    axes[2].axhline(0, color="#333", lw=0.8)
+    axes[0].legend(fontsize=7, ncol=2)
+    axes[2].legend(fontsize=7)
+    fig.suptitle("prose study: mean ± SE over seeds; routers with a rate knob calibrated to r* on each set's domain")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def cmd_report(args) -> int:
+    cells = [json.loads(p.read_text()) for p in sorted((OUT / "cells").glob("*/*.json"))]
+    if not cells:
+        print(f"{OUT / 'cells'}: no finished cells", file=sys.stderr)
+        return 2
+    summary = summarize(cells)
+    leak = json.loads((OUT / "leakage.json").read_text()) if (OUT / "leakage.json").is_file() else {}
+    (OUT / "results.json").write_text(json.dumps({"leakage": leak, "summary": summary, "cells": cells}) + "\n")
+    (OUT / "tables.md").write_text("# Prose study tables (generated by tools/study_prose.py report)\n\n"
+                                   + tables(summary) + "\n")
+    plot(summary, cells, OUT / "ladder.png")
+    print(f"wrote {OUT}/results.json, tables.md, ladder.png ({len(cells)} cells)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, fn in (("run", cmd_run), ("plan", cmd_plan)):
+        q = sub.add_parser(name)
+        q.add_argument("--rungs", default="2M")
+        q.add_argument("--jobs", type=int, default=2)
+        q.add_argument("--tags", default="", help="only these variants, comma-separated")
+        q.add_argument("--hours", type=float, default=0.0, help="start only cells expected to finish in time")
+        q.add_argument("--pace", type=float, default=1.0)
+        q.add_argument("--partial", action="store_true", help="with --hours: stop the last cell with a checkpoint")
+        q.set_defaults(func=fn)
+    c = sub.add_parser("cell")
+    c.add_argument("rung", choices=list(RUNGS))
+    c.add_argument("tag", choices=list(variants()))
+    c.add_argument("seed", type=int)
+    c.set_defaults(func=cmd_cell)
+    sub.add_parser("report").set_defaults(func=cmd_report)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
