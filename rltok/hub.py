@@ -18,6 +18,11 @@ imported only when one of them is called.
     >>> model.save_pretrained("export/tiny-rl")
     >>> model = rltok.from_pretrained("export/tiny-rl")     # or "user/tiny-rl" on the Hub
     >>> model.push_to_hub("user/tiny-rl")
+
+``save_pretrained(model, DIR, transformers=True)`` (and ``push_to_hub(..., transformers=True)``)
+writes a transformers folder instead (``rltok.hf``: ``AutoModelForCausalLM.from_pretrained(DIR,
+trust_remote_code=True)`` loads it without rltok); ``from_pretrained`` reads that too, from its
+JSON and safetensors files: no code in a folder is ever imported.
 """
 
 from __future__ import annotations
@@ -37,9 +42,18 @@ from .run import load_model, read_summary, write_config
 _HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json", ".lock", "README.md"}
 
 
-def save_pretrained(model, save_directory: str | Path, repo_id: str | None = None) -> Path:
+def save_pretrained(model, save_directory: str | Path, repo_id: str | None = None, *,
+                    transformers: bool = False) -> Path:
     """Write ``model`` (one loaded by ``rltok.load`` or trained by rltok, so that it carries its
-    ``run_config``) to ``save_directory`` in the layout of the module docstring."""
+    ``run_config``) to ``save_directory`` in the layout of the module docstring.
+
+    ``transformers=True`` writes a transformers folder instead (``rltok.hf.save_for_transformers``:
+    ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads it, rltok not
+    needed); ``from_pretrained`` reads both."""
+    if transformers:
+        from .hf.export import save_for_transformers
+
+        return save_for_transformers(model, save_directory, repo_id=repo_id)
     cfg = getattr(model, "run_config", None)
     if cfg is None:
         raise RltokError("save_pretrained needs a model with its run config (one from rltok.load, "
@@ -139,12 +153,70 @@ The directory is also an rltok run: `rltok eval DIR`, `rltok generate DIR --prom
 def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
                     device: str = "cpu"):
-    """The model in a local directory (a saved model or a run) or a Hub repo (downloaded into
-    the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1`` reads the cache only)."""
+    """The model in a local directory (a saved model, a run, or a transformers export) or a Hub
+    repo (downloaded into the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1``
+    reads the cache only). Only JSON and safetensors files are read: no code from the folder
+    (a transformers export's ``*.py`` files are for transformers' ``trust_remote_code``) runs."""
     path = Path(name_or_path)
     if not path.is_dir():
         path = Path(_download(str(name_or_path), revision, cache_dir, local_files_only, token))
+    export = _transformers_export(path)
+    if export is not None:
+        return _load_export(path, export, device)
     return load_model(path, device=device)
+
+
+# -- transformers exports (rltok.hf): read from their JSON and safetensors ---------------------------
+
+def _transformers_export(path: Path) -> dict | None:
+    """The parsed config.json of a transformers export (rltok.hf.save_for_transformers), None for
+    anything else (a run, a saved model: load_model reads and checks those)."""
+    import json
+
+    from .hf.format import is_export
+
+    try:
+        d = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return d if is_export(d) else None
+
+
+def _load_export(path: Path, d: dict, device: str):
+    import json
+
+    from .checkpoint import load_tensors
+    from .hf.format import PREFIX, build_model, method_files_of, run_config_of
+    from .run import check_weights, weights_used
+
+    cfg = run_config_of(d.get("run_config"), str(path / "config.json"))
+    model = build_model(cfg, method_files_of(d, str(path / "config.json")))
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # transformers shards large models
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+            raise RltokError(f"{index}: unreadable shard index ({e})") from None
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or not s.endswith(".safetensors")]
+        if bad:
+            raise RltokError(f"{index}: {bad[0]!r} is not a safetensors file of this folder")
+        sources = [path / s for s in shards]
+    else:
+        sources = [path / "model.safetensors"]
+    tensors = {}
+    for src in sources:
+        if not src.is_file():
+            raise RltokError(f"{src}: missing (a transformers export has its weights in safetensors files)")
+        for k, v in load_tensors(src).items():
+            if not k.startswith(PREFIX):
+                raise RltokError(f"{src}: tensor {k} is not the wrapped U-Net's ({PREFIX}...)")
+            tensors[k[len(PREFIX):]] = v
+    check_weights(model, tensors, sources[0])
+    model.load_state_dict(tensors)
+    model.run_config = cfg
+    model.run_dir = path
+    model.weights = weights_used(path, sources[0])
+    return model.to(device).eval()
 
 
 def _download(repo_id: str, revision, cache_dir, local_files_only, token) -> str:
@@ -165,14 +237,15 @@ def _download(repo_id: str, revision, cache_dir, local_files_only, token) -> str
 
 def push_to_hub(model, repo_id: str, *, private: bool | None = None, token: str | None = None,
                 commit_message: str = "Upload rltok model", revision: str | None = None,
-                create_pr: bool = False) -> Any:
+                create_pr: bool = False, transformers: bool = False) -> Any:
     """``save_pretrained`` into a temporary directory, then create the repo (if needed) and
-    upload it. Returns huggingface_hub's commit info."""
+    upload it. Returns huggingface_hub's commit info. ``transformers=True`` uploads a
+    transformers export (see ``save_pretrained``)."""
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)
     repo = api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
     with tempfile.TemporaryDirectory(prefix="rltok-push-") as tmp:
-        save_pretrained(model, tmp, repo_id=repo.repo_id)
+        save_pretrained(model, tmp, repo_id=repo.repo_id, transformers=transformers)
         return api.upload_folder(repo_id=repo.repo_id, folder_path=tmp, commit_message=commit_message,
                                  revision=revision, create_pr=create_pr, repo_type="model")
