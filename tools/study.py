@@ -318,6 +318,48 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def leg_seconds(metrics: Path) -> list[float]:
+    """Training seconds of each leg of a run (a resumed run's ``elapsed_s`` restarts at its
+    resume): the last ``elapsed_s`` before each restart, and the final one."""
+    legs, last = [], None
+    with open(metrics) as f:
+        for line in f:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            e = r.get("elapsed_s")
+            if not isinstance(e, (int, float)):
+                continue
+            if last is not None and e < last:
+                legs.append(last)
+            last = e
+    return legs + ([last] if last is not None else [])
+
+
+def cmd_seconds(args) -> int:
+    """Correct ``train_seconds`` of cells whose run was resumed: the summary counted the last
+    leg only (e.g. 2M rl_s2: 217 s of 455). The leg figures are kept beside it."""
+    from rltok.checkpoint import write_json_atomic
+    from rltok.run import METRICS
+
+    for path in sorted((OUT / "cells").glob("*/*.json")):
+        rec = json.loads(path.read_text())
+        metrics = OUT / "runs" / rec["rung"] / f"{rec['tag']}_s{rec['seed']}" / METRICS
+        if not metrics.is_file() or "train_seconds_legs" in rec:
+            continue
+        legs = leg_seconds(metrics)
+        if len(legs) < 2:
+            continue
+        rec["train_seconds_legs"] = [round(x, 1) for x in legs]
+        rec["train_seconds_last_leg"] = rec.get("train_seconds")
+        rec["train_seconds"] = round(sum(legs), 1)
+        write_json_atomic(path, rec)
+        print(f"{path.relative_to(OUT)}: train_seconds {rec['train_seconds_last_leg']} -> {rec['train_seconds']} "
+              f"(legs {rec['train_seconds_legs']})")
+    return 0
+
+
 def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
     from rltok.bpe import TOKENIZER_INFO
     from rltok.run import CONFIG, METRICS, SUMMARY
@@ -971,6 +1013,7 @@ def main(argv=None) -> int:
     c.add_argument("seed", type=int)
     c.set_defaults(func=cmd_cell)
     sub.add_parser("report").set_defaults(func=cmd_report)
+    sub.add_parser("seconds", help="correct train_seconds of resumed cells (the sum of their legs)").set_defaults(func=cmd_seconds)
     k = sub.add_parser("calibrate", help="add the at-r* measurements to finished cells that lack them")
     k.add_argument("--rungs", default="")
     k.add_argument("--tags", default="", help="only these variants, comma-separated")
