@@ -37,11 +37,11 @@ def test_five_seeds_where_the_issue_asks(sp):
 
 def test_paired_test_hand_worked(sp):
     # differences 0.1, 0.2, 0.3: mean 0.2, sd 0.1, SE 0.1/sqrt(3); t = 2*sqrt(3) = 3.464 with 2 df
-    t = sp.paired_test([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])
+    t = sp.v2.paired_test([1.1, 1.2, 1.3], [1.0, 1.0, 1.0])
     assert t["mean"] == pytest.approx(0.2) and t["se"] == pytest.approx(0.1 / 3 ** 0.5)
     assert t["p"] == pytest.approx(0.0742, abs=5e-4)  # two-sided, t(2) at 3.464
     assert t["ci95"][0] < 0 < t["ci95"][1]  # p > 0.05: the interval holds 0
-    assert sp.paired_test([1.0], [0.5])["p"] is None
+    assert sp.v2.paired_test([1.0], [0.5])["p"] is None
 
 
 def _cell(tag, seed, bpb):

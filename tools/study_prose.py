@@ -361,26 +361,6 @@ COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"
                ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot")] + [(a, "rl-penalty") for a in ABLATIONS]
 
 
-def paired_test(a: list[float], b: list[float]) -> dict:
-    """Paired difference a - b over seeds: mean, SE over seeds, the two-sided paired t-test's p
-    (n - 1 degrees of freedom) and a 95% interval; p is None below two pairs."""
-    import math
-
-    import numpy as np
-
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    n = len(d)
-    out = {"n": n, "mean": float(d.mean()) if n else float("nan"), "per_seed": d.tolist()}
-    if n < 2:
-        return {**out, "se": float("nan"), "p": None, "ci95": None}
-    from scipy import stats
-
-    se = float(d.std(ddof=1) / math.sqrt(n))
-    p = float(stats.ttest_rel(a, b).pvalue) if se > 0 else (0.0 if d.mean() != 0 else 1.0)
-    h = float(stats.t.ppf(0.975, n - 1) * se)
-    return {**out, "se": se, "p": p, "ci95": [out["mean"] - h, out["mean"] + h]}
-
-
 def summarize(cells: list[dict]) -> dict:
     """Per rung and tag: mean ± SE over seeds of bits/byte and rate on each set, FLOPs per byte at
     the training rate and at each set's evaluation rate; per rung, the pre-registered comparisons."""
@@ -418,7 +398,7 @@ def summarize(cells: list[dict]) -> dict:
             for ev in SETS:
                 pa = [tags[a][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 pb = [tags[b][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
-                t = paired_test(pa, pb)
+                t = v2.paired_test(pa, pb)
                 t.update(method=a, reference=b, set=ev, seeds=common,
                          resolved=t["p"] is not None and t["p"] < 0.05)
                 tests.append(t)
