@@ -123,6 +123,33 @@ def test_train_reports_and_uses_the_choice(probe, small_corpus_file, tmp_path, c
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["dtype"] == "auto"
 
 
+def _first_loss(run) -> float:
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        if "loss" in r and "event" not in r:
+            return r["loss"]
+    raise AssertionError("no logged loss")
+
+
+def test_the_step_runs_in_the_chosen_dtype(probe, small_corpus_file, tmp_path, capsys):
+    """Not only reported: the training step computes in it (the same seed and data give the fp32
+    loss exactly when auto picks fp32, and another loss when it picks bf16)."""
+    over = {"train.max_steps": 2, "train.log_every": 1}
+    ref = train(build_config("rl", "smoke", overrides={**over, "train.dtype": "fp32"}), tmp_path / "fp32",
+                progress=False, splits=_splits(small_corpus_file))
+    losses = {}
+    for name, rates in (("auto-fp32", (1e9, 6e10)), ("auto-bf16", (2e12, 1e12))):
+        probe["rates"] = rates
+        precision._memo.clear()
+        (tmp_path / "cache" / precision.PROBE_FILE).unlink(missing_ok=True)
+        train(build_config("rl", "smoke", overrides={**over, "train.dtype": "auto"}), tmp_path / name,
+              progress=False, splits=_splits(small_corpus_file))
+        losses[name] = _first_loss(tmp_path / name)
+    assert ref.summary["dtype"] == "fp32" and losses["auto-fp32"] == _first_loss(tmp_path / "fp32")
+    assert losses["auto-bf16"] != losses["auto-fp32"]
+    assert losses["auto-bf16"] == pytest.approx(losses["auto-fp32"], rel=2e-2)
+
+
 def test_train_keeps_explicit_bf16_with_one_warning(probe, small_corpus_file, tmp_path, capsys):
     probe["rates"] = (1e9, 6e10)
     cfg = build_config("rl", "smoke", overrides={"train.dtype": "bf16", "train.max_steps": 2})
