@@ -62,7 +62,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train.batch_size": 16, "train.lr": 2e-3, "train.total_bytes": 6_000_000,
         "train.warmup_bytes": 500_000, "train.log_every": 10, "train.eval_every_bytes": 1_000_000,
         "train.eval_docs": 64,
-        # real English prose (README's first command; fetched once from the package registries)
+        # technical docs plus some literature (README's first command; fetched once from the package registries)
         "data.source": "english",
     },
     **{name: _paper_preset(name) for name in _PAPER_SIZES},

@@ -513,7 +513,7 @@ register(MethodSpec(
     description="learned boundary policy trained with REINFORCE (the paper's method)",
     stages=2,
     # the paper's policy (w = 8, logit scale 1/16; spec 2.1) on the paper's sizes; the tiny preset
-    # keeps the fast-learning defaults (w = 1, scale 1), see README "Fast-learning vs paper-faithful"
+    # keeps the fast-learning defaults (w = 1, scale 1), see docs/methods.md "Fast-learning vs paper-faithful"
     # the tiny preset zero-initialises the policy head (every byte starts at p = r*): it found the
     # whitespace-aligned chunks in 4 of 5 seeds on English (the default seed among them)
     # (results/first-run/README.md)
