@@ -140,12 +140,24 @@ MUTATIONS = [
              "return torch.zeros(B, M, dtype=x.dtype, device=x.device).scatter_add(1, chunks.up, x)",
              "return x.gather(1, chunks.positions)",
              "two stages: an outer chunk credited with its last byte's loss, not its bytes'"),
+    Mutation("antiwindup_ignored", "rltok/boundaries/policy.py",
+             "            probs = self._network_probs(out.logits)",
+             "            probs = out.probs",
+             "anti-windup: the rate penalty sees the held rate, not the network's own"),
+    Mutation("dtype_choice_inverted", "rltok/precision.py",
+             '    chosen = "bf16" if bf16 >= BF16_MARGIN * fp32 else "fp32"',
+             '    chosen = "fp32" if bf16 >= BF16_MARGIN * fp32 else "bf16"',
+             "train.dtype=auto picks the slower dtype"),
+    Mutation("step_ignores_dtype", "rltok/train.py",
+             "        self.amp = autocast_for(info.device, self.dtype.dtype, cfg.model.d_model)",
+             '        self.amp = autocast_for(info.device, "fp32", cfg.model.d_model)',
+             "the training step computes in fp32 whatever dtype was chosen and reported"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
                "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py",
-               "tests/test_two_stage.py"]
+               "tests/test_two_stage.py", "tests/test_precision.py"]
 
 
 def copy_tree(dst: Path) -> None:
