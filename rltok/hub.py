@@ -1,88 +1,142 @@
 """Sharing models the Hugging Face way: ``save_pretrained``, ``from_pretrained``, ``push_to_hub``.
 
-A saved model is a run directory without its training history::
+A saved model is, by default, a transformers export (``rltok.hf``) that is also an rltok model::
+
+    DIR/config.json              transformers' config (model_type rltok, auto_map), with the RunConfig
+                                 in run_config and the method's files (a BPE tokenizer) in method_files
+    DIR/model.safetensors        the weights, named model.<rltok name> (transformers' wrapper holds the
+                                 U-Net as .model); metadata: method, which checkpoint they came from
+    DIR/generation_config.json, DIR/tokenizer_config.json    for transformers' Auto classes
+    DIR/*.py                     rltok's modeling code, for transformers' trust_remote_code only
+    DIR/README.md                a model card: method, training data, rate, held-out bits-per-byte
+    DIR/summary.json             the run's final evaluation (only when these are the final weights)
+
+so that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads it where rltok
+is not installed, and every rltok command and ``rltok.load`` open it as they open a run, reading
+only its JSON and safetensors files (``rltok.run.load_model``): no code in a folder is ever
+imported. Writing it needs no transformers (``rltok.hf.bundle``).
+
+The flat baselines (``bytes``, ``bpe-lm``) have no transformers export: for them (and with
+``transformers=False`` for any model) the saved model is the run layout without its history::
 
     DIR/config.json          the RunConfig, with rltok_version and format_version (as in a run)
     DIR/model.safetensors    the weights (metadata: method, and which checkpoint they came from)
-    DIR/README.md            a model card: method, training data, rate, held-out bits-per-byte
-    DIR/summary.json         the run's final evaluation (only when these are the final weights)
+    DIR/README.md, DIR/summary.json    as above
     DIR/<method files>       e.g. tokenizer.json for BPE-guided boundaries
 
-so every rltok command and ``rltok.load`` open it as they open a run. ``from_pretrained`` takes a
-local directory or a Hub repo id, downloaded (and cached) by ``huggingface_hub.snapshot_download``;
-``push_to_hub`` uploads with ``HfApi.upload_folder``. The model classes get these methods from
-:class:`HubMixin`, in the manner of ``huggingface_hub.PyTorchModelHubMixin``; huggingface_hub is
-imported only when one of them is called.
+``from_pretrained`` takes a local directory (either layout, or a run) or a Hub repo id, downloaded
+(and cached) by ``huggingface_hub.snapshot_download``; ``push_to_hub`` uploads with
+``HfApi.upload_folder``. The model classes get these methods from :class:`HubMixin`, in the manner
+of ``huggingface_hub.PyTorchModelHubMixin``; huggingface_hub is imported only when one of them is
+called.
 
     >>> model = rltok.load("runs/tiny")
     >>> model.save_pretrained("export/tiny-rl")
     >>> model = rltok.from_pretrained("export/tiny-rl")     # or "user/tiny-rl" on the Hub
     >>> model.push_to_hub("user/tiny-rl")
-
-``save_pretrained(model, DIR, transformers=True)`` (and ``push_to_hub(..., transformers=True)``)
-writes a transformers folder instead (``rltok.hf``: ``AutoModelForCausalLM.from_pretrained(DIR,
-trust_remote_code=True)`` loads it without rltok); ``from_pretrained`` reads that too, from its
-JSON and safetensors files: no code in a folder is ever imported.
 """
 
 from __future__ import annotations
 
+import json
 import math
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from .errors import RltokError
 from .version import __version__
-from .checkpoint import save_tensors_atomic, write_json_atomic
-from .run import load_model, read_summary, write_config
+from .checkpoint import save_tensors_atomic, write_bytes_atomic, write_json_atomic
+from .run import CONFIG, HISTORY, LOCK, MODEL, load_model, method_files, read_config, read_export, read_summary, write_config
 
-# files of a run that are its history, not part of the model
-_HISTORY = {"config.json", "model.safetensors", "metrics.jsonl", "summary.json", ".lock", "README.md"}
+_HISTORY = HISTORY  # files of a run that are its history, not part of the model
+# what a transformers export holds besides config.json, model.safetensors, README.md, summary.json
+_EXPORT_ONLY = ("generation_config.json", "tokenizer_config.json", "model.safetensors.index.json")
 
 
 def save_pretrained(model, save_directory: str | Path, repo_id: str | None = None, *,
-                    transformers: bool = False) -> Path:
+                    transformers: bool | None = None) -> Path:
     """Write ``model`` (one loaded by ``rltok.load`` or trained by rltok, so that it carries its
-    ``run_config``) to ``save_directory`` in the layout of the module docstring.
+    ``run_config``) to ``save_directory``: a transformers export that rltok reads too (module
+    docstring; ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads it,
+    rltok not needed), or, for the flat baselines (bytes, bpe-lm), which have no transformers
+    export, the run layout. ``transformers=False`` writes the run layout for any model;
+    ``transformers=True`` the export, and raises for a flat baseline. ``from_pretrained`` and
+    every rltok command read both. ``repo_id`` names the model in the card's examples."""
+    return _save(model, save_directory, repo_id, transformers=transformers)
 
-    ``transformers=True`` writes a transformers folder instead (``rltok.hf.save_for_transformers``:
-    ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` loads it, rltok not
-    needed); ``from_pretrained`` reads both."""
-    if transformers:
-        from .hf.export import save_for_transformers
 
-        return save_for_transformers(model, save_directory, repo_id=repo_id)
+def _save(model, save_directory: str | Path, repo_id: str | None, *, transformers: bool | None,
+          boundary_mode: str = "greedy", files: dict[str, str] | None = None) -> Path:
+    from .hf.bundle import check_exportable, is_exportable, write_export
+
     cfg = getattr(model, "run_config", None)
     if cfg is None:
         raise RltokError("save_pretrained needs a model with its run config (one from rltok.load, "
                          "rltok.from_pretrained or training)")
+    export = is_exportable(model) if transformers is None else bool(transformers)
+    if export:
+        check_exportable(model)
     out = Path(save_directory)
     run_dir = getattr(model, "run_dir", None)
     if run_dir is not None and out.resolve() == Path(run_dir).resolve():
         raise RltokError(f"{out}: is the model's own run directory; save to another directory")
+    if export and files is None:
+        files = method_files(Path(run_dir), text=True) if run_dir is not None else {}
+    elif not export:
+        files = method_files(Path(run_dir)) if run_dir is not None else {}
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise RltokError(f"cannot create {out}: {e.strerror or e}") from None
     weights = getattr(model, "weights", None) or {"checkpoint": "in memory", "step": None, "finished": False}
-    write_config(out, cfg)
-    meta = {"format": "rltok-model-v1", "method": cfg.method, "source_checkpoint": str(weights["checkpoint"]),
+    meta = {"format": "pt", "method": cfg.method, "source_checkpoint": str(weights["checkpoint"]),
             "source_step": str(weights["step"])}
-    save_tensors_atomic(out / "model.safetensors", {k: v.detach().cpu() for k, v in model.state_dict().items()},
-                        metadata=meta)
+    stale = _other_layout(out, export)
+    if export:
+        write_export(model, out, files, boundary_mode=boundary_mode, metadata=meta)
+    else:
+        write_config(out, cfg)
+        save_tensors_atomic(out / MODEL, {k: v.detach().cpu() for k, v in model.state_dict().items()},
+                            metadata={**meta, "format": "rltok-model-v1"})
+        for name, data in files.items():  # the method's files (a BPE tokenizer, ...)
+            write_bytes_atomic(out / name, data)
     summary = final_summary(model)
     if summary:
         write_json_atomic(out / "summary.json", summary)
     else:
         (out / "summary.json").unlink(missing_ok=True)  # a summary would describe other weights
-    if run_dir is not None:
-        for f in sorted(Path(run_dir).iterdir()):
-            if f.is_file() and f.name not in _HISTORY and not f.name.startswith(".") and not f.name.endswith(".log"):
-                shutil.copyfile(f, out / f.name)  # the method's files (a BPE tokenizer, ...)
-    model_card(model, summary, repo_id or str(out)).save(out / "README.md")
+    model_card(model, summary, repo_id or str(out), transformers=export).save(out / "README.md")
+    for f in stale:
+        if export or f.name not in files:
+            f.unlink(missing_ok=True)
     return out
+
+
+def _other_layout(out: Path, export: bool) -> list[Path]:
+    """Saving over an earlier save of the other layout: the files of that layout that the new one
+    does not overwrite, to be removed (an export's code and JSON files; a saved run layout's
+    method files, one of which, tokenizer.json, transformers would take for a tokenizer of its
+    own). Only an rltok save is touched: not a run with its history, nor a folder whose
+    config.json is not rltok's."""
+    if not (out / CONFIG).is_file() or any((out / n).exists() for n in ("metrics.jsonl", "checkpoints", LOCK)):
+        return []
+    from .hf.bundle import is_bundled_file
+
+    if read_export(out) is not None:
+        if export:
+            return []
+        return [out / n for n in _EXPORT_ONLY] + [f for f in out.glob("*.py") if is_bundled_file(f)]
+    if not export:
+        return []
+    try:
+        d = json.loads((out / CONFIG).read_text())
+        if not (isinstance(d, dict) and "rltok_version" in d and "method" in d):
+            return []  # not written by rltok's save_pretrained
+        read_config(out)
+        return [out / n for n in method_files(out)]
+    except (OSError, ValueError, RltokError):
+        return []
 
 
 def final_summary(model) -> dict | None:
@@ -95,9 +149,11 @@ def final_summary(model) -> dict | None:
     return read_summary(Path(run_dir))
 
 
-def model_card(model, summary: dict | None = None, name: str = "DIRECTORY_OR_REPO_ID"):
+def model_card(model, summary: dict | None = None, name: str = "DIRECTORY_OR_REPO_ID", *,
+               transformers: bool = False):
     """A ``huggingface_hub.ModelCard``: metadata (library, tags, metrics) and a page saying what
-    the model is, what it was trained on and how it scores."""
+    the model is, what it was trained on and how it scores; ``transformers=True``: the card of a
+    transformers export (library transformers, custom_code, how to load it both ways)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     cfg = model.run_config
@@ -147,76 +203,60 @@ rltok.encode(model, "The city council met on Tuesday.").offsets  # as byte offse
 
 The directory is also an rltok run: `rltok eval DIR`, `rltok generate DIR --prompt ...`.
 """
+    if transformers:
+        body = _export_card(body, name)
     return ModelCard(body)
+
+
+def _export_card(body: str, name: str) -> str:
+    """The card of a transformers export: transformers' metadata, and how to load it both ways."""
+    body = body.replace("library_name: rltok", "library_name: transformers", 1)
+    body = body.replace("- rltok\n", "- rltok\n- custom_code\n", 1)
+    head = body.split("\n## Use\n", 1)[0].rstrip("\n")
+    return head + f"""
+
+## Use
+
+With transformers (rltok need not be installed; the folder carries rltok's modeling code):
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model = AutoModelForCausalLM.from_pretrained("{name}", trust_remote_code=True)
+tok = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)
+ids = tok("The city council", return_tensors="pt").input_ids   # BOS + UTF-8 bytes
+out = model.generate(ids, max_new_tokens=64, do_sample=True, temperature=0.8, seed=0, boundary_mode="sample")
+print(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+```
+
+`generate` is rltok's cached decoding: the same bytes as `rltok generate --dtype fp32
+--temperature 0.8 --seed 0` here. Boundaries are greedy (probability > 0.5) unless
+`boundary_mode="sample"`, in `generate` and in the forward pass, whose next-byte logits are
+rltok's (lm-eval's `hf` backend scores as `rltok-lm-eval --model_args greedy_boundaries=true`).
+
+With rltok, which reads only the JSON and safetensors files (no code from the folder):
+
+```python
+import rltok
+model = rltok.from_pretrained("{name}")
+rltok.segment(model, "The city council met on Tuesday.")
+```
+
+The folder is also an rltok run: `rltok eval DIR`, `rltok generate DIR --prompt ...`.
+"""
 
 
 def from_pretrained(name_or_path: str | Path, *, revision: str | None = None, cache_dir: str | Path | None = None,
                     local_files_only: bool = False, token: str | bool | None = None,
                     device: str = "cpu"):
-    """The model in a local directory (a saved model, a run, or a transformers export) or a Hub
-    repo (downloaded into the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1``
-    reads the cache only). Only JSON and safetensors files are read: no code from the folder
-    (a transformers export's ``*.py`` files are for transformers' ``trust_remote_code``) runs."""
+    """The model in a local directory (a saved model of either layout, or a run) or a Hub repo
+    (downloaded into the Hugging Face cache; ``local_files_only`` or ``HF_HUB_OFFLINE=1`` reads
+    the cache only): ``rltok.run.load_model``, which reads only JSON and safetensors files, so
+    no code from the folder (a transformers export's ``*.py`` files are for transformers'
+    ``trust_remote_code``) runs."""
     path = Path(name_or_path)
     if not path.is_dir():
         path = Path(_download(str(name_or_path), revision, cache_dir, local_files_only, token))
-    export = _transformers_export(path)
-    if export is not None:
-        return _load_export(path, export, device)
     return load_model(path, device=device)
-
-
-# -- transformers exports (rltok.hf): read from their JSON and safetensors ---------------------------
-
-def _transformers_export(path: Path) -> dict | None:
-    """The parsed config.json of a transformers export (rltok.hf.save_for_transformers), None for
-    anything else (a run, a saved model: load_model reads and checks those)."""
-    import json
-
-    from .hf.format import is_export
-
-    try:
-        d = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return d if is_export(d) else None
-
-
-def _load_export(path: Path, d: dict, device: str):
-    import json
-
-    from .checkpoint import load_tensors
-    from .hf.format import PREFIX, build_model, method_files_of, run_config_of
-    from .run import check_weights, weights_used
-
-    cfg = run_config_of(d.get("run_config"), str(path / "config.json"))
-    model = build_model(cfg, method_files_of(d, str(path / "config.json")))
-    index = path / "model.safetensors.index.json"
-    if index.is_file():  # transformers shards large models
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
-            raise RltokError(f"{index}: unreadable shard index ({e})") from None
-        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or not s.endswith(".safetensors")]
-        if bad:
-            raise RltokError(f"{index}: {bad[0]!r} is not a safetensors file of this folder")
-        sources = [path / s for s in shards]
-    else:
-        sources = [path / "model.safetensors"]
-    tensors = {}
-    for src in sources:
-        if not src.is_file():
-            raise RltokError(f"{src}: missing (a transformers export has its weights in safetensors files)")
-        for k, v in load_tensors(src).items():
-            if not k.startswith(PREFIX):
-                raise RltokError(f"{src}: tensor {k} is not the wrapped U-Net's ({PREFIX}...)")
-            tensors[k[len(PREFIX):]] = v
-    check_weights(model, tensors, sources[0])
-    model.load_state_dict(tensors)
-    model.run_config = cfg
-    model.run_dir = path
-    model.weights = weights_used(path, sources[0])
-    return model.to(device).eval()
 
 
 def _download(repo_id: str, revision, cache_dir, local_files_only, token) -> str:
@@ -237,10 +277,10 @@ def _download(repo_id: str, revision, cache_dir, local_files_only, token) -> str
 
 def push_to_hub(model, repo_id: str, *, private: bool | None = None, token: str | None = None,
                 commit_message: str = "Upload rltok model", revision: str | None = None,
-                create_pr: bool = False, transformers: bool = False) -> Any:
+                create_pr: bool = False, transformers: bool | None = None) -> Any:
     """``save_pretrained`` into a temporary directory, then create the repo (if needed) and
-    upload it. Returns huggingface_hub's commit info. ``transformers=True`` uploads a
-    transformers export (see ``save_pretrained``)."""
+    upload it. Returns huggingface_hub's commit info. ``transformers``: which layout, as in
+    ``save_pretrained`` (by default a transformers export, the run layout for a flat baseline)."""
     from huggingface_hub import HfApi
 
     api = HfApi(token=token)

@@ -7,6 +7,11 @@
     RUN/checkpoints/step_*/  resumable checkpoints (see checkpoint.py)
     RUN/<method files>       e.g. tokenizer.json for BPE-guided boundaries
     RUN/.lock                held (flock) by the process that trains the run
+
+A saved model (``rltok.hub.save_pretrained``) opens as a run: the layout above without its
+history, or a transformers export (``rltok.hf``: transformers' config.json, whose ``run_config``
+key holds the RunConfig and ``method_files`` the method's files, and the U-Net's tensors under
+``model.``), read from its JSON and safetensors files only (:func:`read_export`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from torch import nn
 from .checkpoint import latest_valid_checkpoint, load_checkpoint, load_tensors, write_json_atomic
 from .config import check_stages, run_config_from_dict
 from .errors import RltokError
+from .hf.format import PREFIX, build_model as build_exported_model, is_export, method_files_of, run_config_of
 from .methods import get_method
 from .schema import FORMAT_VERSION, RunConfig
 from .metrics import METRICS  # noqa: F401  (part of the run layout)
@@ -31,13 +37,26 @@ CONFIG = "config.json"
 MODEL = "model.safetensors"
 SUMMARY = "summary.json"
 LOCK = ".lock"
+# files of a run that are its history (or the saved model's own files), not the method's
+HISTORY = frozenset({CONFIG, MODEL, "metrics.jsonl", SUMMARY, LOCK, "README.md"})
 
 
 def is_run(path: Path) -> bool:
     return (Path(path) / CONFIG).is_file()
 
 
+def read_export(run_dir: Path) -> dict | None:
+    """The parsed config.json of a transformers export (``rltok.hf``), None for anything else (a
+    run, a saved model in the run layout, no readable config)."""
+    try:
+        d = json.loads((Path(run_dir) / CONFIG).read_text())
+    except (OSError, ValueError):
+        return None
+    return d if is_export(d) else None
+
+
 def read_config(run_dir: Path) -> RunConfig:
+    """The RunConfig of a run, a saved model, or a transformers export (its ``run_config``)."""
     run_dir = Path(run_dir)
     if not run_dir.exists():
         raise RltokError(f"{run_dir}: no such run directory")
@@ -49,6 +68,8 @@ def read_config(run_dir: Path) -> RunConfig:
         raise RltokError(f"{run_dir / CONFIG}: unreadable run config ({e})") from None
     if not isinstance(d, dict):
         raise RltokError(f"{run_dir / CONFIG}: not a run config")
+    if is_export(d):
+        return run_config_of(d["run_config"], str(run_dir / CONFIG))
     fmt = d.get("format_version", 0)
     if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt < 0:
         raise RltokError(f"{run_dir / CONFIG}: format_version={fmt!r} must be a non-negative integer")
@@ -146,13 +167,48 @@ def build_model(cfg: RunConfig, run_dir: Path | None = None) -> nn.Module:
     return get_method(cfg.method).build(cfg, run_dir)
 
 
+def method_files(run_dir: Path, text: bool = False) -> dict[str, bytes] | dict[str, str]:
+    """The files of a run (or saved model) that its method reads when it is built (a BPE
+    method's tokenizer.json), by name: a transformers export carries them in its config.json
+    (as text: ``text=True`` decodes them, and refuses a file that is not UTF-8)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RltokError(f"{run_dir}: the model's run directory is gone, and with it the files its method "
+                         f"may need (a BPE tokenizer); load the model from where it is now")
+    d = read_export(run_dir)
+    if d is not None:
+        files = method_files_of(d, str(run_dir / CONFIG))
+        return files if text else {k: v.encode("utf-8") for k, v in files.items()}
+    out = {f.name: f.read_bytes() for f in sorted(run_dir.iterdir())
+           if f.is_file() and f.name not in HISTORY and not f.name.startswith(".") and not f.name.endswith(".log")}
+    if not text:
+        return out
+    texts = {}
+    for name, data in out.items():
+        try:
+            texts[name] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise RltokError(f"{run_dir / name}: a transformers export carries method files as text; this one "
+                             f"is not UTF-8") from None
+    return texts
+
+
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
     """The trained model of a run: final weights, or the newest valid checkpoint's if the run
-    has not finished. The returned module carries ``.run_config`` and ``.run_dir``."""
+    has not finished; or of a saved model (either layout of ``rltok.hub.save_pretrained``). The
+    returned module carries ``.run_config`` and ``.run_dir``. Only JSON and safetensors files
+    are read: no code in the directory (a transformers export carries some) is imported."""
     run_dir = Path(run_dir)
     cfg = read_config(run_dir)
-    model = build_model(cfg, run_dir)
-    if checkpoint:
+    export = read_export(run_dir)
+    if export is not None and checkpoint:
+        raise RltokError(f"{run_dir}: a transformers export holds one set of weights (no checkpoints); "
+                         f"drop --checkpoint")
+    if export is not None:  # the method's files are in its config.json
+        model = build_exported_model(cfg, method_files_of(export, str(run_dir / CONFIG)))
+        tensors, source = _export_tensors(run_dir)
+    elif checkpoint:
+        model = build_model(cfg, run_dir)
         path = Path(checkpoint)
         if not path.is_absolute() and not path.exists():
             path = run_dir / "checkpoints" / checkpoint
@@ -160,9 +216,11 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoi
         tensors = load_checkpoint(path)[0]
         source = path
     elif (run_dir / MODEL).is_file():
+        model = build_model(cfg, run_dir)
         source = run_dir / MODEL
         tensors = load_tensors(source)
     else:
+        model = build_model(cfg, run_dir)
         ck = latest_valid_checkpoint(run_dir)
         if ck is None:
             raise RltokError(f"{run_dir}: the run has no weights yet (no {MODEL} and no valid checkpoint)")
@@ -174,6 +232,34 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu", checkpoi
     model.run_dir = run_dir
     model.weights = weights_used(run_dir, Path(source))
     return model.to(device).eval()
+
+
+def _export_tensors(path: Path) -> tuple[dict[str, torch.Tensor], Path]:
+    """A transformers export's tensors with rltok's names (the wrapper's ``model.`` prefix
+    dropped), from model.safetensors or the shards its index names; and the (first) file."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():  # transformers shards large models
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+            raise RltokError(f"{index}: unreadable shard index ({e})") from None
+        bad = [s for s in shards if not isinstance(s, str) or Path(s).name != s or not s.endswith(".safetensors")]
+        if not shards:
+            raise RltokError(f"{index}: names no safetensors file")
+        if bad:
+            raise RltokError(f"{index}: {bad[0]!r} is not a safetensors file of this folder")
+        sources = [path / s for s in shards]
+    else:
+        sources = [path / MODEL]
+    tensors = {}
+    for src in sources:
+        if not src.is_file():
+            raise RltokError(f"{src}: missing (a transformers export has its weights in safetensors files)")
+        for k, v in load_tensors(src).items():
+            if not k.startswith(PREFIX):
+                raise RltokError(f"{src}: tensor {k} is not the wrapped U-Net's ({PREFIX}...)")
+            tensors[k[len(PREFIX):]] = v
+    return tensors, sources[0]
 
 
 def weights_used(run_dir: Path, source: Path) -> dict[str, Any]:

@@ -10,8 +10,10 @@
 * lm-eval's ``hf`` backend scores PIQA items with the log-likelihoods of the ``rltok`` adapter
   (both with greedy boundaries: the wrapper's forward is deterministic, and the adapter's
   ``greedy_boundaries=true`` makes its scores so);
-* ``rltok.from_pretrained`` reads an export (and a plain save) from JSON and safetensors and never
-  runs a ``.py`` file of the folder.
+* the export is what ``save_pretrained`` writes by default, without transformers: its JSON files
+  are those transformers' own ``save_pretrained`` writes;
+* ``rltok.from_pretrained`` / ``rltok.load`` read an export (and a run-layout save) from JSON and
+  safetensors and never run a ``.py`` file of the folder.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def net():
 
 @pytest.fixture(scope="module")
 def export(net, tmp_path_factory):
-    return save_pretrained(net, tmp_path_factory.mktemp("hf") / "export-rl", transformers=True)
+    return net.save_pretrained(tmp_path_factory.mktemp("hf") / "export-rl")  # the default
 
 
 def _same_weights(a, b) -> bool:
@@ -98,6 +100,32 @@ def test_export_layout(export, net):
     assert tc["auto_map"]["AutoTokenizer"][0] == "tokenization_rltok.RltokByteTokenizer"
     card = (export / "README.md").read_text()
     assert "library_name: transformers" in card and "trust_remote_code=True" in card
+    assert (save_pretrained(net, export.parent / "explicit", transformers=True) / "config.json").read_text() == \
+        (export / "config.json").read_text()
+
+
+def test_export_files_are_what_transformers_writes(export, net, tmp_path):
+    """rltok writes the export's JSON files without transformers: they are transformers' own
+    save_pretrained's (less its version and keys at their defaults), so that nothing drifts."""
+    from rltok.hf import RltokByteTokenizer
+
+    hf = to_transformers(net, boundary_mode="sample")
+    hf.save_pretrained(tmp_path / "hf")
+    RltokByteTokenizer().save_pretrained(tmp_path / "hf")
+    ours = save_for_transformers(hf, tmp_path / "ours")  # an RltokForCausalLM: its boundary_mode
+    defaults = {"transformers_version": None, "_from_model_config": True, "output_attentions": False,
+                "output_hidden_states": False, "model_max_length": 1000000000000000019884624838656}
+    for name in ("config.json", "generation_config.json", "tokenizer_config.json"):
+        a = json.loads((ours / name).read_text())
+        b = json.loads((tmp_path / "hf" / name).read_text())
+        diff = {k: (a.get(k), b.get(k)) for k in set(a) | set(b) if a.get(k) != b.get(k)}
+        assert all(k in defaults and (k not in a) for k in diff), (name, diff)
+    assert {p.name for p in ours.glob("*.py")} == {p.name for p in (tmp_path / "hf").glob("*.py")}
+    assert json.loads((ours / "config.json").read_text())["boundary_mode"] == "sample"
+    from safetensors import safe_open
+
+    with safe_open(str(ours / "model.safetensors"), "pt") as f:
+        assert f.metadata()["format"] == "pt" and set(f.keys()) == {f"model.{k}" for k in net.state_dict()}
 
 
 def test_bundle_is_flat_self_contained_and_line_preserving(export):
@@ -264,29 +292,32 @@ def test_rltok_from_pretrained_never_runs_code_from_the_folder(export, net, tmp_
     marker = tmp_path / "ran"
     trapped_export = tmp_path / "export"
     shutil.copytree(export, trapped_export)
-    plain = net.save_pretrained(tmp_path / "plain")
+    plain = save_pretrained(net, tmp_path / "plain", transformers=False)
     before = set(sys.modules)
     for folder in (trapped_export, plain):
         _booby_trap(folder, marker)
-        m = rltok.from_pretrained(folder)
-        assert _same_weights(m, net)
+        for load in (rltok.from_pretrained, rltok.load):
+            assert _same_weights(load(folder), net)
     assert not marker.exists()
     for name in set(sys.modules) - before:
         f = getattr(sys.modules[name], "__file__", None) or ""
         assert str(tmp_path) not in f, name
 
 
-def test_rltok_reads_an_export_without_transformers(export, net):
+def test_rltok_reads_and_writes_an_export_without_transformers(export, net):
     code = ("import sys; sys.modules['transformers'] = None\n"  # import transformers now fails
             "import torch, rltok\n"
             f"m = rltok.from_pretrained({str(export)!r})\n"
-            "torch.save(m.state_dict(), sys.argv[1])\n")
-    out = export.parent / "no-transformers.pt"
-    r = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+            "torch.save(m.state_dict(), sys.argv[1])\n"
+            "rltok.load(m.save_pretrained(sys.argv[2]))\n")
+    out, again = export.parent / "no-transformers.pt", export.parent / "saved-without-transformers"
+    r = subprocess.run([sys.executable, "-c", code, str(out), str(again)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     sd = torch.load(out)
     assert all(torch.equal(v, net.state_dict()[k]) for k, v in sd.items()) and sd.keys() == net.state_dict().keys()
+    for name in ["config.json", "tokenizer_config.json", "generation_config.json"] + [p.name for p in export.glob("*.py")]:
+        assert (again / name).read_bytes() == (export / name).read_bytes(), name
 
 
 def test_method_files_travel_in_the_config(tmp_path, small_corpus_file):
@@ -317,6 +348,8 @@ def test_flat_baselines_are_refused(tmp_path):
     m.run_config = build_config("bytes", "smoke")
     with pytest.raises(RltokError, match="flat baseline"):
         save_for_transformers(m, tmp_path / "x")
+    with pytest.raises(RltokError, match="flat baseline"):
+        to_transformers(m)
 
 
 # -- without rltok: a clean subprocess -----------------------------------------------------------------

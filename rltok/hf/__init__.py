@@ -18,11 +18,13 @@
 * :func:`save_for_transformers` writes a folder that ``AutoConfig`` / ``AutoModelForCausalLM`` /
   ``AutoTokenizer`` load with ``trust_remote_code=True`` where rltok is not installed: the three
   files above and the rltok modules they import, copied from this rltok with their imports made
-  flat (:func:`rltok.hf.export.bundle_files`); ``rltok.from_pretrained`` reads the same folder
-  from its JSON and safetensors only;
+  flat (:func:`rltok.hf.bundle.bundle_files`); ``rltok.from_pretrained``, ``rltok.load`` and every
+  rltok command read the same folder from its JSON and safetensors only. It is what
+  ``model.save_pretrained(DIR)`` writes by default (``rltok.hub``; not for the flat baselines);
 * :func:`register` makes the Auto classes know these classes (no remote code is run then).
 
-Only ``rltok.hf.format`` is importable without transformers (``rltok.from_pretrained`` uses it).
+Only ``rltok.hf.format`` (reading an export's config.json) and ``rltok.hf.bundle`` (writing an
+export: ``rltok.hub.save_pretrained`` uses it) are importable without transformers.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ __all__ = ["RltokConfig", "RltokForCausalLM", "RltokByteTokenizer", "save_for_tr
 _WHERE = {"RltokConfig": "configuration_rltok", "RltokForCausalLM": "modeling_rltok",
           "RltokPreTrainedModel": "modeling_rltok", "RltokByteTokenizer": "tokenization_rltok",
           "save_for_transformers": "export", "to_transformers": "export", "register": "export",
-          "bundle_files": "export"}
+          "bundle_files": "bundle"}
 
 
 def __getattr__(name: str):

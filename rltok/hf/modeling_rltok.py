@@ -108,7 +108,7 @@ class RltokForCausalLM(RltokPreTrainedModel, GenerationMixin):
         ``Trainer`` or PEFT saves loads with ``trust_remote_code=True`` as an export does."""
         out = super().save_pretrained(save_directory, *args, **kwargs)
         if __name__.startswith("rltok.") and kwargs.get("is_main_process", True):
-            importlib.import_module("rltok.hf.export").write_code(save_directory)  # not part of an export
+            importlib.import_module("rltok.hf.bundle").write_code(save_directory)  # not part of an export
         return out
 
     def get_input_embeddings(self) -> nn.Module:

@@ -23,10 +23,12 @@ class HubMixin:
     """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` on rltok's model classes."""
 
     def save_pretrained(self, save_directory: str | Path, *, push_to_hub: bool = False,
-                        repo_id: str | None = None, **push_kwargs) -> Path:
-        out = _hub().save_pretrained(self, save_directory)
+                        repo_id: str | None = None, transformers: bool | None = None, **push_kwargs) -> Path:
+        # transformers: None = the export transformers' Auto classes load (rltok's layout for the
+        # flat baselines), False = rltok's own layout, True = the export or an error (rltok.hub)
+        out = _hub().save_pretrained(self, save_directory, transformers=transformers)
         if push_to_hub:
-            self.push_to_hub(repo_id or Path(save_directory).name, **push_kwargs)
+            self.push_to_hub(repo_id or Path(save_directory).name, transformers=transformers, **push_kwargs)
         return out
 
     @classmethod
