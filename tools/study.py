@@ -360,11 +360,13 @@ def cmd_seconds(args) -> int:
     return 0
 
 
-def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
+def keep_run_files(rung: str, tag: str, seed: int, run: Path, out: Path | None = None) -> None:
+    """Copy a cell's JSON records (config, summary, metrics, tokenizer info; never weights) to
+    ``out``/runs/RUNG/TAG_sSEED (``out``: this study's results folder by default)."""
     from rltok.bpe import TOKENIZER_INFO
     from rltok.run import CONFIG, METRICS, SUMMARY
 
-    dest = OUT / "runs" / rung / f"{tag}_s{seed}"
+    dest = (OUT if out is None else out) / "runs" / rung / f"{tag}_s{seed}"
     dest.mkdir(parents=True, exist_ok=True)
     for f in (CONFIG, SUMMARY, METRICS, TOKENIZER_INFO):
         if (run / f).is_file():

@@ -263,25 +263,12 @@ def cmd_cell(args) -> int:
         t1 = time.time()
         rec = measure_cell(args.rung, args.tag, args.seed, run)
         rec["measure_seconds"] = round(time.time() - t1, 1)
-        keep_run_files(args.rung, args.tag, args.seed, run)
+        v2.keep_run_files(args.rung, args.tag, args.seed, run, OUT)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, rec)
     print(f"cell {args.rung} {args.tag} s{args.seed}: test bpb {rec['bpb']:.4f} rate {rec['rate']:.3f} "
           f"({t1 - t0:.0f} s training, {rec['measure_seconds']:.0f} s measuring)", flush=True)
     return 0
-
-
-def keep_run_files(rung: str, tag: str, seed: int, run: Path) -> None:
-    import shutil
-
-    from rltok.bpe import TOKENIZER_INFO
-    from rltok.run import CONFIG, METRICS, SUMMARY
-
-    dest = OUT / "runs" / rung / f"{tag}_s{seed}"
-    dest.mkdir(parents=True, exist_ok=True)
-    for f in (CONFIG, SUMMARY, METRICS, TOKENIZER_INFO):
-        if (run / f).is_file():
-            shutil.copy2(run / f, dest / f)
 
 
 def cell_seconds() -> dict[tuple[str, str], list[float]]:
