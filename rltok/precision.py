@@ -23,6 +23,7 @@ the API) resolves ``auto`` through :func:`resolve_dtype`, usually via
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -71,30 +72,35 @@ def _tflops(x: float) -> str:
     return f"{x / 1e12:.3g}"
 
 
-def cpu_has_bf16_instructions() -> bool | None:
-    """True where the CPU advertises native bf16 arithmetic (AVX-512-BF16 or AMX-BF16), False
-    where it does not, None where the flags cannot be read (not Linux x86)."""
+@functools.lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]] | None:
+    """(model name, flags) of the first CPU in /proc/cpuinfo, read once per process (the probe's
+    cache key is computed on every autocast, i.e. per evaluation batch); None where unreadable."""
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return None
+    model = ""
     for line in text.splitlines():
+        if line.startswith("model name") and not model:
+            model = line.split(":", 1)[1].strip()
         if line.startswith("flags"):
-            flags = set(line.split(":", 1)[1].split())
-            return bool(flags & {"avx512_bf16", "amx_bf16"})
+            return model, frozenset(line.split(":", 1)[1].split())
     return None
+
+
+def cpu_has_bf16_instructions() -> bool | None:
+    """True where the CPU advertises native bf16 arithmetic (AVX-512-BF16 or AMX-BF16), False
+    where it does not, None where the flags cannot be read (not Linux x86)."""
+    info = _cpuinfo()
+    return None if info is None else bool(info[1] & {"avx512_bf16", "amx_bf16"})
 
 
 def _machine_key(threads: int, rows: int, d: int) -> str:
     cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
-            if line.startswith(("model name", "flags")):
-                cpu += "|" + line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                break
-    except OSError:
-        pass
+    info = _cpuinfo()
+    if info is not None:
+        cpu += f"|{info[0]}|{' '.join(sorted(info[1]))}"
     digest = hashlib.sha1(cpu.encode()).hexdigest()[:16]
     cap = torch.backends.cpu.get_cpu_capability()
     return f"{digest}|{cap}|torch {torch.__version__}|threads {threads}|{rows}x{d}x{4 * d}"
