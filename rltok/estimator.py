@@ -80,7 +80,8 @@ def discounted_reward_to_go(r: Tensor, gamma: float, block: int = 64) -> Tensor:
     """
     if not (0.0 < gamma <= 1.0):
         raise RltokError(f"boundary.gamma={gamma} must be in (0, 1]")
-    with torch.autocast(device_type=r.device.type, enabled=False):
+    # (the meta device has no autocast: rltok plan traces the loss there)
+    with torch.autocast(device_type="cpu" if r.is_meta else r.device.type, enabled=False):
         x = r.float()
         *lead, S = x.shape
         L = max(1, min(block, S))
@@ -89,7 +90,7 @@ def discounted_reward_to_go(r: Tensor, gamma: float, block: int = 64) -> Tensor:
         dev = x.device
         i = torch.arange(L, device=dev)
         e = (i[None, :] - i[:, None]).double()  # e[i, j] = j - i
-        g = torch.tensor(gamma, dtype=torch.float64, device=dev)
+        g = float(gamma)  # a scalar argument: a tensor made from it would be a blocking copy to a GPU
         D = torch.where(e >= 0, g ** e.clamp(min=0), torch.zeros_like(e)).float()  # (L, L)
         local = x @ D.T  # local[n, i] = sum_{j>=i} gamma^(j-i) x[n, j]
         n = torch.arange(nb, device=dev)

@@ -145,6 +145,8 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
         "chunks": out.chunks.counts.float().mean(),
         **{k: v.float() for k, v in counts.items()},
     })
+    if out.chunk_fill is not None:  # static chunk shapes: the training step reads and removes it
+        stats["chunk_fill"] = out.chunk_fill
     return StepLoss(loss=loss, stats=stats)
 
 

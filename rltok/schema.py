@@ -48,6 +48,13 @@ class ModelConfig:
     # pad the chunk count to a multiple: fewer distinct shapes for the main network's attention
     # (the CPU's per-shape kernel cache, torch.compile); the padding chunks cost attention only
     chunk_pad_multiple: int = 8
+    # static chunk shapes in training (rltok/model/static.py): "auto" on the accelerator path
+    # (GPUs: no host sync to size the chunk tensors), "on" everywhere, "off" never. The caps, as
+    # multiples of the target rate: chunks per row, and chunks per micro-batch (packed rows);
+    # they grow when a batch exceeds them (that step is repeated)
+    static_chunks: str = "auto"
+    chunk_cap_row: float = 1.5
+    chunk_cap_total: float = 1.15
     # one output head for the early exit and the final prediction (the authors' option); the
     # paper deep-copies the head instead
     shared_head: bool = False
@@ -73,6 +80,9 @@ class ModelConfig:
         _check(self.rope_theta > 0, f"model.rope_theta={self.rope_theta} must be > 0")
         _check(self.norm_eps >= 0, f"model.norm_eps={self.norm_eps} must be >= 0")
         _check(self.chunk_pad_multiple >= 1, "model.chunk_pad_multiple must be >= 1")
+        _check(self.static_chunks in ("auto", "on", "off"),
+               f"model.static_chunks={self.static_chunks!r} must be auto, on or off")
+        _check(self.chunk_cap_row > 0 and self.chunk_cap_total > 0, "model.chunk_cap_* must be > 0")
         _check(self.stages in (1, 2), f"model.stages={self.stages} must be 1 or 2")
         _check(self.inner_enc_layers >= 0 and self.inner_dec_layers >= 0,
                "model.inner_enc_layers and model.inner_dec_layers must be >= 0")
@@ -147,6 +157,9 @@ class TrainConfig:
     keep_checkpoints: int = 3
     max_bad_steps: int = 10  # consecutive non-finite steps before the run stops
     compile: bool = False
+    # the whole training loss (router, chunking, networks, losses) as one torch.compile graph
+    # (fullgraph): needs the static chunk shapes of the accelerator path (model.static_chunks)
+    fullgraph: bool = False
     log_to: str = ""  # also log metrics to: "tensorboard", "wandb" or both, comma-separated
     wandb_project: str = "rltok"  # with log_to=wandb (offline with WANDB_MODE=offline)
     parallel: str = "ddp"  # ddp or fsdp (multi-process only)
@@ -307,7 +320,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 9
+FORMAT_VERSION = 10
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -321,6 +334,7 @@ ADDED_KEYS: dict[str, int] = {
     "model.stages": 5, "model.inner_enc_layers": 5, "model.inner_dec_layers": 5,
     "boundary.inner_target_rate": 5, "boundary.rate_integral_gain": 6,
     "boundary.inner_baseline": 7, "boundary.rate_antiwindup": 9,
+    "model.static_chunks": 10, "model.chunk_cap_row": 10, "model.chunk_cap_total": 10, "train.fullgraph": 10,
     # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
     # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
     # run's); match arrived in format 4 as boundary.match, upsample and pool in 3

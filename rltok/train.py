@@ -180,7 +180,7 @@ def prepare_run_dir(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
         saved.train.total_bytes = cfg.train.total_bytes
         saved.train.max_steps = cfg.train.max_steps
         # so may how it executes (not what it computes): e.g. resume a DDP run under FSDP
-        for k in ("device", "parallel", "compile"):
+        for k in ("device", "parallel", "compile", "fullgraph"):
             setattr(saved.train, k, getattr(cfg.train, k))
         return saved.validate()
     if is_run(out):
@@ -243,10 +243,13 @@ class TrainStep:
     slice of the global batch, gradient clipping, a finite check and AdamW. Shared by the
     training loop and ``rltok bench``.
 
-    Host-device synchronisation: none here except the one inside the model that reads the
-    longest chunk count to size the chunk tensors (``chunk_indices``). The finite check stays on
-    the device: a fused AdamW skips the update when ``found_inf`` is set; the loop reads the
-    flags at log intervals. (An optimizer without the fused kernel needs one sync per step.)
+    Host-device synchronisation (rltok/syncs.py counts it): with static chunk shapes (the
+    accelerator path, rltok/model/static.py) one per optimizer step, which reads whether a
+    micro-batch exceeded the chunk caps (then the update is skipped on the device and the step
+    repeated with larger caps). With dynamic shapes (the CPU) the model reads the longest chunk
+    count per micro-step instead (``chunk_indices``). The finite check stays on the device: a
+    fused AdamW skips the update when ``found_inf`` is set; the loop reads the flags at log
+    intervals. (An optimizer without the fused kernel needs the one sync for it.)
     """
 
     def __init__(self, model: nn.Module, fwd: nn.Module, opt: torch.optim.Optimizer, cfg: RunConfig,
@@ -257,6 +260,10 @@ class TrainStep:
         self.amp = autocast_for(info.device, self.dtype.dtype, cfg.model.d_model)
         self.device_skip = bool(getattr(opt, "_step_supports_amp_scaling", False))
         self.rates = schedule_of(model)  # rate conditioning or curriculum: each step's rate (rates.py)
+        self.loss = training_loss
+        if cfg.train.fullgraph:  # one graph for the whole loss (static chunk shapes: no break)
+            # the model class's own loss, resolved here: singledispatch's cache would recompile
+            self.loss = torch.compile(training_loss.dispatch(type(model)), fullgraph=True, dynamic=False)
         self.total_bytes = (cfg.train.max_steps * cfg.bytes_per_step if cfg.train.max_steps
                             else cfg.train.total_bytes)
 
@@ -274,14 +281,24 @@ class TrainStep:
             loss_sum, stats = self._accumulate(self.indices(step))
         grad_norm = _grad_norm(self.model, cfg.train.grad_clip)
         bad = (~(torch.isfinite(loss_sum) & torch.isfinite(grad_norm))).float()
-        bad = info.all_reduce_max(bad)  # every rank skips together
+        fills = [st.pop("chunk_fill") for st in stats if "chunk_fill" in st]
+        # [non-finite, chunk caps exceeded, longest row, most chunks]: every rank skips together
+        flags = torch.stack([bad, *torch.stack(fills).amax(0)]) if fills else bad[None]
+        flags = info.all_reduce_max(flags)
+        skip = flags[:2].amax()
+        host = None
+        if fills or not self.device_skip:
+            host = flags.tolist()  # the step's one host sync (none with dynamic chunks and fused AdamW)
         if self.device_skip:
-            self.opt.found_inf = bad
+            self.opt.found_inf = skip
             self.opt.step()
-        elif not bool(bad.item()):
+        elif not max(host[:2]):
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
-        return TrainStepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=bad, stats=stats)
+        if fills and host[1]:  # a micro-batch had more chunks than the static caps: grow, repeat
+            self.model.chunk_caps.grow(host[2], host[3])
+            return self(step, lr)
+        return TrainStepOutput(loss=loss_sum, grad_norm=grad_norm, skipped=skip, stats=stats)
 
     def _accumulate(self, indices) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
         """Forward and backward over this rank's micro-batches; gradients sync on the last."""
@@ -294,8 +311,8 @@ class TrainStep:
             batch = self.dataset.batch(indices[j * L.micro:(j + 1) * L.micro]).to(info.device)
             with grad_sync(self.fwd, self.model, enabled=(j == L.accum - 1), info=info):
                 with self.amp:
-                    sl = training_loss(self.model, batch, cfg, reduce_mean=info.reduce_mean,
-                                       all_reduce_sum=info.all_reduce_sum, forward=self.fwd)
+                    sl = self.loss(self.model, batch, cfg, reduce_mean=info.reduce_mean,
+                                   all_reduce_sum=info.all_reduce_sum, forward=self.fwd)
                 (sl.loss / L.accum).backward()
             loss_sum += sl.loss.detach() / L.accum
             stats.append(sl.stats)

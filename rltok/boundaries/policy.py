@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from ..schema import BOS, BoundaryConfig, ModelConfig
 from ..errors import RltokError
+from ..syncs import accelerator_path
 from .. import estimator as est
 from ..model.chunking import decided_mask, force_ends
 from ..model.unet import ByteUNet, unet_builder
@@ -221,7 +222,8 @@ class BoundaryPolicy(BoundaryModule):
         if not self.rate_schedule.conditioned:
             return None
         t = self.cfg.target_rate
-        f = torch.tensor([self.prior_logit - math.log(t / (1 - t)), 1.0], device=like.device, dtype=like.dtype)
+        # filled on the device (a tensor made from host data would be a blocking copy to a GPU)
+        f = torch.stack([like.new_full((), self.prior_logit - math.log(t / (1 - t))), like.new_ones(())])
         return self.rate_embed(f).to(like.dtype)
 
     def _given(self, ids: Tensor) -> Tensor | None:
@@ -276,7 +278,7 @@ class BoundaryPolicy(BoundaryModule):
         parallel one replaces S tiny sequential steps (S x ~10 kernel launches) by ~3 log2(S)
         large ones; on a CPU, which has no width to spend, the sequential one is cheaper
         (measured at B=8, S=4096, w=8 on 2 cores: 0.6 s sequential, 2.0 s parallel)."""
-        if V.device.type == "cpu":
+        if not accelerator_path(V.device):
             return self._scan_sequential(V, u, valid, greedy, given)
         return self._scan_parallel(V, u, valid, greedy, given)
 

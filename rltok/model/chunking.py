@@ -29,17 +29,23 @@ class Chunks:
     up: Tensor  # (B, S) long: c_up(t)
     down: Tensor  # (B, S) long: c_down(t)
     counts: Tensor  # (B,) long: chunks per sequence
+    # static shapes only: a 0-dim bool, some row had more chunks than the cap (None: no cap)
+    overflow: Tensor | None = None
 
     @property
     def max_chunks(self) -> int:
         return self.positions.shape[1]
 
 
-def chunk_indices(b: Tensor, pad_multiple: int = 1) -> Chunks:
+def chunk_indices(b: Tensor, pad_multiple: int = 1, cap: int | None = None) -> Chunks:
     """Index tensors for boundaries ``b`` (B, S), bool or {0,1}. ``b[:, 0]`` must be 1.
 
-    One host sync reads the longest chunk count (to size the padded chunk tensor); with
-    ``pad_multiple`` > 1 it is rounded up so the main network sees few distinct shapes.
+    Without ``cap``, one host sync reads the longest chunk count (to size the padded chunk
+    tensor); with ``pad_multiple`` > 1 it is rounded up so the main network sees few distinct
+    shapes. With ``cap`` the chunk tensors have exactly ``cap`` columns and nothing waits for the
+    device (static shapes: the accelerator path, ``model.static_chunks``); a row with more chunks
+    than ``cap`` sets ``overflow`` and its outputs are wrong, so the caller must discard the step
+    (the training step does, and grows the cap: rltok/model/static.py).
     """
     b = b.bool()
     B, S = b.shape
@@ -47,16 +53,26 @@ def chunk_indices(b: Tensor, pad_multiple: int = 1) -> Chunks:
     up = csum - 1
     down = csum - b.long()
     counts = csum[:, -1]
-    M = int(counts.max().item())
-    if pad_multiple > 1:
-        M = -(-M // pad_multiple) * pad_multiple
-    M = max(M, 1)
+    overflow = None
+    if cap is None:
+        M = int(counts.max().item())
+        if pad_multiple > 1:
+            M = -(-M // pad_multiple) * pad_multiple
+        M = max(M, 1)
+    else:
+        M = cap
+        overflow = (counts > M).any()
+        # an overflowing row's chunks past the cap go to the dump column; its bytes read the
+        # last real column (the step is discarded, the indices must only stay in range)
+        b = b & (up < M)
+        up, down = up.clamp(max=M - 1), down.clamp(max=M - 1)
     slot = torch.where(b, up, torch.full_like(up, M))  # non-boundaries go to a dump column
     positions = torch.full((B, M + 1), S - 1, dtype=torch.long, device=b.device)
     positions.scatter_(1, slot, torch.arange(S, device=b.device).expand(B, S))
     positions = positions[:, :M]
     valid = torch.arange(M, device=b.device)[None, :] < counts[:, None]
-    return Chunks(positions=positions, valid=valid, up=up.clamp(min=0), down=down, counts=counts)
+    return Chunks(positions=positions, valid=valid, up=up.clamp(min=0), down=down, counts=counts,
+                  overflow=overflow)
 
 
 def select(h: Tensor, chunks: Chunks) -> Tensor:

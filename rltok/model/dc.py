@@ -178,7 +178,7 @@ def ema_scan(x: Tensor, p: Tensor, block: int = 64) -> Tensor:
     matrix, over blocks). Every exponent is a sum of log decays <= 0, so it is stable at any
     length. Cost O(M * block * d + (M / block)^2 * d).
     """
-    with torch.autocast(device_type=x.device.type, enabled=False):
+    with torch.autocast(device_type="cpu" if x.is_meta else x.device.type, enabled=False):  # meta: rltok plan
         B, M, d = x.shape
         L = max(1, min(block, M))
         nb = -(-M // L)

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..syncs import accelerator_path
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -123,7 +125,7 @@ EXPLICIT_MAX_KEYS = 2048
 def attention_impl(q: Tensor, n_keys: int) -> str:
     """``explicit`` on the CPU (faster there, see :func:`explicit_attention`), ``sdpa``
     elsewhere. RLTOK_ATTENTION=sdpa forces SDPA everywhere."""
-    if os.environ.get("RLTOK_ATTENTION", "auto") == "sdpa" or q.device.type != "cpu":
+    if os.environ.get("RLTOK_ATTENTION", "auto") == "sdpa" or accelerator_path(q.device):
         return "sdpa"
     return "explicit" if n_keys <= EXPLICIT_MAX_KEYS else "sdpa"
 
@@ -252,25 +254,39 @@ class PackedRows:
     T: int
     multiple: int  # the packed rows are padded with zero rows to a multiple of this
 
+    static: bool = False  # index has a fixed length; its unused entries point at B * T
+
     @classmethod
-    def of(cls, valid: Tensor, multiple: int | None = None) -> "PackedRows":
+    def of(cls, valid: Tensor, multiple: int | None = None, size: int | None = None) -> "PackedRows":
+        """``size``: a static number of packed rows (no host sync: ``nonzero_static``); real rows
+        beyond it are dropped (the caller detects that from the chunk counts), unused entries
+        are zero rows."""
         B, T = valid.shape
-        return cls(index=valid.reshape(-1).nonzero().squeeze(1), B=B, T=T,
-                   multiple=PACK_MULTIPLE if multiple is None else multiple)
+        flat = valid.reshape(-1)
+        if size is None:
+            index, static = flat.nonzero().squeeze(1), False
+        else:
+            index, static = torch.nonzero_static(flat, size=size, fill_value=B * T).squeeze(1), True
+        return cls(index=index, B=B, T=T, multiple=PACK_MULTIPLE if multiple is None else multiple,
+                   static=static)
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, T, ...) -> (N', ...): the real rows, then zero rows up to a multiple of
         ``multiple``, so the matmuls see few distinct shapes (the CPU's kernel cache holds one
         compiled kernel per shape)."""
-        rows = x.reshape(self.B * self.T, *x.shape[2:]).index_select(0, self.index)
+        flat = x.reshape(self.B * self.T, *x.shape[2:])
+        if self.static:  # one zero row for the unused entries to read
+            return torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])]).index_select(0, self.index)
+        rows = flat.index_select(0, self.index)
         pad = -len(self.index) % self.multiple
         return torch.cat([rows, rows.new_zeros(pad, *rows.shape[1:])]) if pad else rows
 
     def unpack(self, x: Tensor) -> Tensor:
         """(N', ...) -> (B, T, ...), padding rows as zeros."""
         x = x[: len(self.index)]
-        out = x.new_zeros(self.B * self.T, *x.shape[1:]).index_copy(0, self.index, x)
-        return out.view(self.B, self.T, *x.shape[1:])
+        n = self.B * self.T + int(self.static)  # static: unused entries write to a dropped row
+        out = x.new_zeros(n, *x.shape[1:]).index_copy(0, self.index, x)
+        return out[: self.B * self.T].view(self.B, self.T, *x.shape[1:])
 
 
 class Attention(nn.Module):

@@ -26,6 +26,8 @@ from ..errors import RltokError
 from .chunking import Chunks, chunk_indices
 from .inference import DecodeStep, InferenceState, PrefillOutput, _fit, _pad_rows, _with_end_column
 from .layers import Block, KVCache, PackedRows, RMSNorm, rope_angles
+from .static import ChunkCaps
+from ..syncs import accelerator_path
 from .stage import ChunkStage, KVRecorder, StageOutput, inner_noise, inner_noise_step, layer_hook
 from ..generate import generate
 
@@ -41,6 +43,8 @@ class UNetOutput:
     inner: StageOutput | None = None  # model.stages=2: the inner stage's output
     # model.stages=2, training: next-byte logits through the exit that skips the inner stage
     skip_logits: Tensor | None = None
+    # static chunk shapes (training on the accelerator path): ChunkCaps.fill of this batch
+    chunk_fill: Tensor | None = None
 
 
 class ByteUNet(nn.Module, HubMixin):
@@ -65,6 +69,17 @@ class ByteUNet(nn.Module, HubMixin):
         if not cfg.shared_head:
             self.early_head = nn.Linear(d, N_OUTPUT_IDS)
             self.early_head.load_state_dict(self.head.state_dict())  # the paper deep-copies the head
+        # static chunk shapes (made here, not on first use: a compiled graph would recompile)
+        rate = float(getattr(getattr(boundary, "cfg", None), "target_rate", 1.0))
+        self.chunk_caps = ChunkCaps.initial(rate, cfg.chunk_cap_row, cfg.chunk_cap_total, cfg.chunk_pad_multiple)
+
+    def static_caps(self, device: torch.device) -> ChunkCaps | None:
+        """The chunk caps when this forward pass uses static shapes (training, with
+        model.static_chunks "on", or "auto" on the accelerator path; rltok/model/static.py)."""
+        mode = self.cfg.static_chunks
+        if not self.training or mode == "off" or (mode == "auto" and not accelerator_path(device)):
+            return None
+        return self.chunk_caps
 
     @property
     def exit_head(self) -> nn.Linear:
@@ -85,16 +100,17 @@ class ByteUNet(nn.Module, HubMixin):
         return x, cos, sin
 
     def run_main(self, z: Tensor, positions: Tensor, on_kv: KVRecorder | None = None,
-                 valid: Tensor | None = None) -> Tensor:
+                 valid: Tensor | None = None, packed: int | None = None) -> Tensor:
         """The main network over chunks z (B, M, d). With ``valid`` (B, M), its position-wise
-        layers run on the real chunks only (:class:`PackedRows`); padding chunks come out as
-        zeros (nothing reads them: causal attention, and bytes take their row's real chunks)."""
+        layers run on the real chunks only (:class:`PackedRows`, ``packed`` rows when static);
+        padding chunks come out as zeros (nothing reads them: causal attention, and bytes take
+        their row's real chunks)."""
         cos, sin = rope_angles(positions, self.head_dim, self.cfg.rope_theta)
         if valid is None or on_kv is not None:  # the prefill records padded keys/values
             for i, blk in enumerate(self.main):
                 z = blk(z, cos, sin, layer_hook(on_kv, "main", i))
             return z
-        rows = PackedRows.of(valid)
+        rows = PackedRows.of(valid, size=packed)
         x = rows.pack(z)
         for blk in self.main:
             x = blk(x, cos, sin, rows=rows)
@@ -121,11 +137,13 @@ class ByteUNet(nn.Module, HubMixin):
         if self.inner is not None and noise is None and boundaries is None and mode == "sample":
             noise = torch.rand(ids.shape, device=ids.device)  # both levels draw from it
         bo = self.boundary(h, ids, valid=valid, noise=noise, fixed=boundaries, mode=mode)
-        chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
+        caps = self.static_caps(ids.device) if on_kv is None else None
+        row_cap, packed = caps.sizes(*ids.shape) if caps is not None else (None, None)
+        chunks = chunk_indices(bo.b, self.cfg.chunk_pad_multiple, cap=row_cap)
         z = self.boundary.downsample(h, bo, chunks)
         stage = None
         if self.inner is None:
-            zmain = self.run_main(z, chunks.positions, on_kv, chunks.valid)
+            zmain = self.run_main(z, chunks.positions, on_kv, chunks.valid, packed)
         else:
             stage = self.inner(z, chunks.positions, chunks.valid, fixed=inner_boundaries, mode=mode, on_kv=on_kv,
                                noise=inner_noise(noise, bo, chunks, mode, fixed=boundaries is not None))
@@ -140,8 +158,9 @@ class ByteUNet(nn.Module, HubMixin):
                 skip_zhat = self.boundary.chunk_output(stage.skip, z)
                 skip = self.decode(self.boundary.upsample(h, skip_zhat, bo, chunks), cos, sin)
         early = self.exit_head(self.early_norm(h))
+        fill = caps.fill(chunks.counts, ids.shape[1]) if caps is not None else None
         return UNetOutput(logits=logits, early_logits=early, boundary=bo, chunks=chunks,
-                          hidden=h, zhat=zhat, inner=stage, skip_logits=skip)
+                          hidden=h, zhat=zhat, inner=stage, skip_logits=skip, chunk_fill=fill)
 
     # -- decoding: one byte at a time, with caches (forward above; rltok.generate samples) ------
     @torch.no_grad()
