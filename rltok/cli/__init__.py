@@ -20,7 +20,7 @@ from ..errors import RltokError
 os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "256")
 
 # subcommand modules, in the order --help lists them
-COMMANDS = ("train", "eval", "compare", "tasks", "analyze", "boundaries", "plot", "generate", "bench", "data")
+COMMANDS = ("train", "eval", "compare", "tasks", "analyze", "boundaries", "plot", "generate", "bench", "plan", "data")
 
 
 def build_parser() -> argparse.ArgumentParser:
