@@ -36,10 +36,114 @@ RESULTS: list[dict] = []
 T0 = time.perf_counter()
 
 
+JSON_PATH: list[Path] = []  # --json: rewritten after every result, so a run cut short keeps them
+ENV: dict = {}
+
+
 def report(name: str, ok: bool | None, **info) -> None:
     rec = {"check": name, "ok": ok, "elapsed_s": round(time.perf_counter() - T0, 1), **info}
     RESULTS.append(rec)
     print("RESULT " + json.dumps(rec), flush=True)
+    for path in JSON_PATH:
+        path.write_text(json.dumps({"env": ENV, "results": RESULTS}, indent=2))
+
+
+def check_syncs(preset: str, device) -> None:
+    """Host syncs in one training step, two ways: rltok's counter (the op and line of each) and
+    CUDA's own sync debug mode (a warning per synchronising call)."""
+    import warnings
+
+    from rltok.syncs import count_step_syncs
+
+    from rltok.bench import Bench
+    from rltok.config import build_config as _bc
+    from rltok.data import load_splits
+
+    splits = load_splits(_bc("rl", preset))
+    for method in ("rl", "uniform"):
+        for mode in ("auto", "off"):
+            over = {"model.static_chunks": mode, "train.micro_batch": 8 if device.type == "cuda" else 2,
+                    "train.batch_size": 16 if device.type == "cuda" else 4}
+            if device.type != "cuda":
+                over["train.dtype"] = "fp32"
+            res = count_step_syncs(method, preset, over, device=device.type, splits=splits)
+            n_cuda, where = None, None
+            if device.type == "cuda":
+                b = Bench(method, preset, over, device.type, splits=splits)
+                b.step(record=False)
+                torch.cuda.synchronize()
+                with warnings.catch_warnings(record=True) as w:
+                    warnings.simplefilter("always")
+                    torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        b.step_fn(1, b.cfg.train.lr)
+                    finally:
+                        torch.cuda.set_sync_debug_mode(0)
+                hits = [x for x in w if "synchroniz" in str(x.message).lower()]
+                n_cuda = len(hits)
+                where = {}
+                for x in hits:
+                    k = f"{x.filename.split('/rltok/')[-1]}:{x.lineno}"
+                    where[k] = where.get(k, 0) + 1
+                del b
+            report(f"syncs_{method}_{'static' if mode == 'auto' else 'dynamic'}",
+                   (res.syncs <= 1) if mode == "auto" else None, preset=preset, micro_steps=2,
+                   syncs=res.syncs, sites=res.sites, cuda_sync_warnings=n_cuda,
+                   cuda_sync_sites=where if device.type == "cuda" else None)
+
+
+def check_fullgraph(device, compare: tuple[str, ...] = ("rl",)) -> None:
+    """The whole training loss (router, chunking, main network, dechunking, losses) under
+    torch.compile(fullgraph=True): graph breaks by torch._dynamo.explain, then loss and
+    gradients against eager."""
+    from rltok.objectives import training_loss
+    from rltok.data.loader import Batch  # noqa: F401  (the batch type the loss takes)
+    from rltok.bench import Bench
+    from rltok.syncs import force_accelerator_path
+
+    for method in compare or ("rl", "uniform"):
+        with force_accelerator_path():
+            b = Bench(method, "tiny" if device.type == "cuda" else "smoke",
+                      {"model.static_chunks": "on", "train.dtype": "fp32", "data.source": "stdlib"}, device.type,
+                      splits=SPLITS[0] if SPLITS else None)
+            if not SPLITS:
+                SPLITS.append(b.splits)
+            batch = b.step_fn.dataset.batch(b.step_fn.indices(0)[: b.step_fn.layout.micro]).to(device)
+            model, cfg = b.model, b.cfg
+
+            def loss_fn(batch):
+                return training_loss(model, batch, cfg).loss
+
+            t = time.perf_counter()
+            try:
+                ex = torch._dynamo.explain(loss_fn)(batch)
+                breaks = [f"{r.reason}" for r in ex.break_reasons][:12]
+                n_breaks = ex.graph_break_count
+            except Exception as e:  # report, do not stop the run
+                breaks, n_breaks = [f"explain failed: {type(e).__name__}: {str(e)[:300]}"], None
+            torch._dynamo.reset()
+            info = dict(graph_breaks=n_breaks, reasons=breaks, explain_s=round(time.perf_counter() - t, 1))
+            if n_breaks == 0 and method in compare:
+                try:
+                    torch.manual_seed(5)
+                    eager = loss_fn(batch)
+                    eager.backward()
+                    ge = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+                    model.zero_grad()
+                    comp = torch.compile(loss_fn, fullgraph=True)
+                    torch.manual_seed(5)
+                    lc = comp(batch)
+                    lc.backward()
+                    gc = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+                    rel = max(float((a - c).norm() / a.norm().clamp(min=1e-12)) for a, c in zip(ge, gc))
+                    info.update(loss_eager=float(eager), loss_compiled=float(lc), grad_rel_diff_max=rel)
+                except Exception as e:
+                    info.update(compiled_error=f"{type(e).__name__}: {str(e)[:300]}")
+            report(f"fullgraph_{method}{'_vs_eager' if compare else ''}", None if n_breaks is None else n_breaks == 0, **info)
+            del b, model
+
+
+SPLITS: list = []
 
 
 def small_model(device, seq_len: int, window: int, **over):
@@ -122,7 +226,7 @@ def check_attention(device, T: int, W: int) -> None:
             report("flash_attention_window_bf16", err <= tol, max_abs_diff=err, T=T, W=W)
 
 
-def bench(preset: str, steps: int, warmup: int, device: str, compile_: bool, overrides: dict) -> None:
+def bench(preset: str, steps: int, warmup: int, device: str, compile_: bool, overrides: dict, tag: str = "") -> None:
     from rltok.bench import format_table, run_interleaved
 
     over = dict(overrides)
@@ -136,7 +240,7 @@ def bench(preset: str, steps: int, warmup: int, device: str, compile_: bool, ove
 
     ratio = statistics.median(a / b for a, b in zip(rl.times, uni.times))
     for r in (rl, uni):
-        report(f"bench_{r.method}{'_compiled' if compile_ else ''}", None, preset=preset,
+        report(f"bench_{r.method}{'_compiled' if compile_ else ''}{tag}", None, preset=preset,
                bytes_per_s=round(r.bytes_per_s), step_s=round(r.step_s, 4), rate=round(r.rate, 4),
                model_tflops=round(r.model_flops_per_s / 1e12, 2),
                mfu=round(r.mfu, 4) if r.mfu is not None else None, peak=r.peak_source,
@@ -144,7 +248,7 @@ def bench(preset: str, steps: int, warmup: int, device: str, compile_: bool, ove
                measured_matmul_tflops=round((r.matmul_peak_measured or 0) / 1e12, 1),
                peak_memory_gb=round(r.peak_memory_bytes / 2**30, 2), seconds=round(time.perf_counter() - t, 1))
     # performance targets are reported, not failed on (ok=None): the exit status is correctness
-    report(f"rl_over_uniform{'_compiled' if compile_ else ''}", None, ratio=round(ratio, 4),
+    report(f"rl_over_uniform{'_compiled' if compile_ else ''}{tag}", None, ratio=round(ratio, 4),
            ratio_target_met=ratio <= 1.10, mfu_rl=round(rl.mfu, 4) if rl.mfu is not None else None,
            mfu_target_met=bool(rl.mfu is not None and rl.mfu >= 0.40))
 
@@ -156,6 +260,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--budget-s", type=float, default=420, help="skip the compiled bench past this")
     ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile bench")
+    ap.add_argument("--no-fullgraph", action="store_true", help="skip the whole-loss fullgraph compile check")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--json", default=None, help="write all results to this JSON file")
     args = ap.parse_args(argv)
@@ -166,6 +271,9 @@ def main(argv=None) -> int:
     from rltok.model import layers
 
     env["flash_attn"] = layers.flash_available()
+    ENV.update(env)
+    if args.json:
+        JSON_PATH.append(Path(args.json))
     print("gpu_check " + json.dumps(env), flush=True)
     if not cuda:
         print("no CUDA device: CPU fallback at smoke sizes (a self-test of this script)", flush=True)
@@ -184,17 +292,22 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if not cuda:
         over.setdefault("train.dtype", "fp32")
+    check_syncs(preset if cuda else "smoke", device)
     bench(preset, steps, warmup, device.type, False, over)
+    if cuda:  # the same, with dynamic chunk shapes (one host sync per micro-step)
+        bench(preset, steps, warmup, device.type, False, {**over, "model.static_chunks": "off"}, tag="_dynamic")
+    if not args.no_fullgraph:  # graph breaks only (cheap); compiling and comparing comes last
+        check_fullgraph(device, compare=())
     if cuda and not args.no_compile:
         if time.perf_counter() - T0 < args.budget_s * 0.5:
             bench(preset, steps, warmup, device.type, True, over)
         else:
             report("bench_compiled", None, skipped="not enough time left in the budget")
+    if not args.no_fullgraph and time.perf_counter() - T0 < args.budget_s * 0.7:
+        check_fullgraph(device, compare=("rl",))
     failed = [r["check"] for r in RESULTS if r["ok"] is False]
     print(f"gpu_check: {len(RESULTS)} results, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
           f"{time.perf_counter() - T0:.0f} s", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps({"env": env, "results": RESULTS}, indent=2))
     return 1 if failed else 0
 
 
