@@ -48,7 +48,7 @@ def report(name: str, ok: bool | None, **info) -> None:
         path.write_text(json.dumps({"env": ENV, "results": RESULTS}, indent=2))
 
 
-def check_syncs(preset: str, device) -> None:
+def check_syncs(preset: str, device, base: dict | None = None) -> None:
     """Host syncs in one training step, two ways: rltok's counter (the op and line of each) and
     CUDA's own sync debug mode (a warning per synchronising call)."""
     import warnings
@@ -59,10 +59,11 @@ def check_syncs(preset: str, device) -> None:
     from rltok.config import build_config as _bc
     from rltok.data import load_splits
 
-    splits = load_splits(_bc("rl", preset))
+    base = dict(base or {})
+    splits = load_splits(_bc("rl", preset, overrides=base))
     for method in ("rl", "uniform"):
         for mode in ("auto", "off"):
-            over = {"model.static_chunks": mode, "train.micro_batch": 8 if device.type == "cuda" else 2,
+            over = {**base, "model.static_chunks": mode, "train.micro_batch": 8 if device.type == "cuda" else 2,
                     "train.batch_size": 16 if device.type == "cuda" else 4}
             if device.type != "cuda":
                 over["train.dtype"] = "fp32"
@@ -92,7 +93,7 @@ def check_syncs(preset: str, device) -> None:
                    cuda_sync_sites=where if device.type == "cuda" else None)
 
 
-def check_fullgraph(device, compare: tuple[str, ...] = ("rl",)) -> None:
+def check_fullgraph(device, compare: tuple[str, ...] = ("rl",), base: dict | None = None) -> None:
     """The whole training loss (router, chunking, main network, dechunking, losses) under
     torch.compile(fullgraph=True): graph breaks by torch._dynamo.explain, then loss and
     gradients against eager."""
@@ -104,7 +105,8 @@ def check_fullgraph(device, compare: tuple[str, ...] = ("rl",)) -> None:
     for method in compare or ("rl", "uniform"):
         with force_accelerator_path():
             b = Bench(method, "tiny" if device.type == "cuda" else "smoke",
-                      {"model.static_chunks": "on", "train.dtype": "fp32", "data.source": "stdlib"}, device.type,
+                      {"data.source": "stdlib", **(base or {}), "model.static_chunks": "on", "train.dtype": "fp32"},
+                      device.type,
                       splits=SPLITS[0] if SPLITS else None)
             if not SPLITS:
                 SPLITS.append(b.splits)
@@ -292,19 +294,19 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (3 if cuda else 1)
     if not cuda:
         over.setdefault("train.dtype", "fp32")
-    check_syncs(preset if cuda else "smoke", device)
+    check_syncs(preset if cuda else "smoke", device, over)
     bench(preset, steps, warmup, device.type, False, over)
     if cuda:  # the same, with dynamic chunk shapes (one host sync per micro-step)
         bench(preset, steps, warmup, device.type, False, {**over, "model.static_chunks": "off"}, tag="_dynamic")
     if not args.no_fullgraph:  # graph breaks only (cheap); compiling and comparing comes last
-        check_fullgraph(device, compare=())
+        check_fullgraph(device, compare=(), base=over)
     if cuda and not args.no_compile:
         if time.perf_counter() - T0 < args.budget_s * 0.5:
             bench(preset, steps, warmup, device.type, True, over)
         else:
             report("bench_compiled", None, skipped="not enough time left in the budget")
     if not args.no_fullgraph and time.perf_counter() - T0 < args.budget_s * 0.7:
-        check_fullgraph(device, compare=("rl",))
+        check_fullgraph(device, compare=("rl",), base=over)
     failed = [r["check"] for r in RESULTS if r["ok"] is False]
     print(f"gpu_check: {len(RESULTS)} results, {len(failed)} failed{': ' + ', '.join(failed) if failed else ''}; "
           f"{time.perf_counter() - T0:.0f} s", flush=True)

@@ -31,13 +31,7 @@ from .config import build_config
 from .flops import training_flops_per_byte
 from .schema import RunConfig
 
-# GPU kinds: (memory bytes, dense bf16 FLOP/s from the data sheets; rltok.bench.DATASHEET_PEAKS)
-GPUS = {
-    "h100": (80 * 2**30, 989.4e12),
-    "h200": (141e9, 989.4e12),
-    "a100": (80 * 2**30, 312e12),
-    "b200": (180e9, 2250e12),
-}
+from .presets import GPUS  # plain data: the command line lists the kinds without torch
 MFUS = (0.35, 0.45)
 
 

@@ -99,3 +99,13 @@ RECIPES: dict[str, dict[str, Any]] = {
     "ablation-no-rate-penalty": {**_ABLATION, "boundary.rate_weight": 0.0},
 }
 RECIPE_TARGETS = ("preset", "method")  # recipe keys that are not config fields
+
+
+# GPU kinds for `rltok plan`: (memory bytes, dense bf16 FLOP/s from the data sheets, as
+# rltok.bench.DATASHEET_PEAKS)
+GPUS: dict[str, tuple[float, float]] = {
+    "h100": (80 * 2**30, 989.4e12),
+    "h200": (141e9, 989.4e12),
+    "a100": (80 * 2**30, 312e12),
+    "b200": (180e9, 2250e12),
+}

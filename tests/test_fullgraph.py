@@ -11,7 +11,7 @@ from rltok.syncs import force_accelerator_path
 
 
 def _bench(method, corpus, preset="smoke", **extra):
-    over = {"data.source": str(corpus), "model.static_chunks": "on", "train.dtype": "fp32", **extra}
+    over = {"data.source": str(corpus), "model.static_chunks": "on", "train.dtype": "fp32", "data.val_docs": 4, **extra}
     torch.manual_seed(0)
     with force_accelerator_path():
         b = Bench(method, preset, over, "cpu")
@@ -22,8 +22,10 @@ def _bench(method, corpus, preset="smoke", **extra):
 @pytest.mark.parametrize("method,extra", [("rl", {"boundary.window": 1}), ("rl", {"boundary.window": 8}),
                                           ("uniform", {})])
 def test_training_loss_has_no_graph_break(method, extra, small_corpus_file):
-    """rl with w = 8 is the paper's policy (the parallel scan); w = 1 the fast one."""
-    model, cfg, batch = _bench(method, small_corpus_file, **extra)
+    """At the tiny preset's shapes; rl with w = 8 is the paper's policy (the parallel scan),
+    w = 1 the fast one."""
+    model, cfg, batch = _bench(method, small_corpus_file, preset="tiny", **{"data.source": str(small_corpus_file),
+                                                                           "train.micro_batch": 4, **extra})
 
     def loss_fn(batch):
         return training_loss(model, batch, cfg).loss

@@ -8,8 +8,7 @@ from . import HelpFormatter, positive_int
 
 
 def register(sub) -> None:
-    from ..plan import GPUS
-    from ..presets import PRESETS, RECIPES
+    from ..presets import GPUS, PRESETS, RECIPES
 
     p = sub.add_parser(
         "plan", help="memory per GPU and run time of a recipe, before renting GPUs",
