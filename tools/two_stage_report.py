@@ -60,9 +60,10 @@ def _one_stage_levels(rung: str, tag: str, seed: int, docs) -> dict | None:
 
 
 # (one-stage tag, two-stage tag, what the pair matches)
+# (the differences in parameters and FLOPs are computed from the cells' records in report())
 PAIRS = (
-    ("rl", "rl-2stage", "parameters and FLOPs (+1.1%): the main network moved up a level"),
-    ("rl", "rl-2stage-deep", "FLOPs (-0.4%): 6 inner main layers over half the positions, 1.6x the parameters, "
+    ("rl", "rl-2stage", "parameters and FLOPs: the main network moved up a level"),
+    ("rl", "rl-2stage-deep", "FLOPs: 6 inner main layers over half the positions, "
                              "the outer early exit as the inner baseline"),
     ("rl-penalty", "rl-2stage-penalty", "as the first pair, with the paper's rate penalty only (no integral controller)"),
 )
@@ -93,6 +94,10 @@ def report(rung: str) -> list[dict]:
                 **{e: [x[e]["bpb"] for x in c] for e in EVALS},
             }
         deltas = {e: [two[s][e]["bpb"] - one[s][e]["bpb"] for s in seeds] for e in EVALS}
+        mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+        d_flops = mean(rows[tag2]["flops_per_byte"]) / mean(rows[tag1]["flops_per_byte"]) - 1
+        d_params = mean(rows[tag2]["params"]) / mean(rows[tag1]["params"]) - 1
+        matched = f"{matched} (two-stage vs one: FLOPs per byte {d_flops:+.1%}, parameters {d_params:+.1%})"
         levels = {f"{tag2}, outer": [], f"{tag2}, inner": [], tag1: []}
         for s in seeds:
             st = two[s].get("stage_stats") or {}
