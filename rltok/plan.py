@@ -257,7 +257,7 @@ def format_plan(p: dict) -> str:
     for kind, t in p["time"].items():
         mem = GPUS[kind][0]
         fit = "fits" if t["fits"] else f"DOES NOT FIT in {mem / gib:.0f} GiB: lower --micro-batch"
-        runs = ", ".join(f"{h:.1f} h at MFU {k.split('=')[1]}" for k, h in t["hours"].items())
+        runs = ", ".join(f"{h:.2f} h at MFU {k.split('=')[1]}" for k, h in t["hours"].items())
         steps = ", ".join(f"{s:.2f} s" for s in t["step_seconds"].values())
         lines.append(f"{t['gpus']} x {kind.upper()}: {fit}; the run's {t['total_bytes']:.3g} bytes: {runs} "
                      f"(a step of {t['bytes_per_step']:,} bytes: {steps})")
