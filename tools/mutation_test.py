@@ -152,12 +152,20 @@ MUTATIONS = [
              "        self.amp = autocast_for(info.device, self.dtype.dtype, cfg.model.d_model)",
              '        self.amp = autocast_for(info.device, "fp32", cfg.model.d_model)',
              "the training step computes in fp32 whatever dtype was chosen and reported"),
+    Mutation("sync_in_loss", "rltok/objectives.py",
+             "    lm, early = ce.sum() / n, ce_e.sum() / n\n",
+             "    lm, early = ce.sum() / n, ce_e.sum() / n\n    assert float(lm) == float(lm)\n",
+             "a host sync added to the training loss (it stalls a GPU every micro-step)"),
+    Mutation("gamma_from_host", "rltok/estimator.py",
+             "        g = float(gamma)",
+             "        g = torch.tensor(gamma, dtype=torch.float64, device=dev)",
+             "a tensor made from host data on the device in the return (a blocking copy on a GPU)"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
                "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py",
-               "tests/test_two_stage.py", "tests/test_precision.py"]
+               "tests/test_two_stage.py", "tests/test_precision.py", "tests/test_static_chunks.py"]
 
 
 def copy_tree(dst: Path) -> None:
