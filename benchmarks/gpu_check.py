@@ -53,7 +53,7 @@ def check_syncs(preset: str, device, base: dict | None = None) -> None:
     CUDA's own sync debug mode (a warning per synchronising call)."""
     import warnings
 
-    from rltok.syncs import count_step_syncs
+    from rltok.bench import count_step_syncs
 
     from rltok.bench import Bench
     from rltok.config import build_config as _bc

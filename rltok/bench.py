@@ -37,6 +37,7 @@ from .data import load_splits
 from .data.loader import SequenceDataset
 from .run import build_model, load_model, read_config
 from .train import TrainStep, batch_layout, make_optimizer
+from .syncs import SyncCounter, force_accelerator_path
 
 # Dense (no sparsity) tensor-core peaks from the vendors' data sheets, FLOP/s: (bf16, fp32).
 # Matched as substrings of torch.cuda.get_device_name(), first match wins.
@@ -297,3 +298,26 @@ def format_table(results: list[BenchResult]) -> str:
             ratio = statistics.median(a / b for a, b in zip(r.times, base.times))
             out.append(f"step time {r.method} / {base.method}: {ratio:.3f} (median of paired steps)")
     return "\n".join(out)
+
+
+# -- host syncs of one step (rltok/syncs.py counts them) ---------------------------------------
+
+@dataclass
+class StepSyncs:
+    method: str
+    preset: str
+    syncs: int
+    sites: dict[str, int] = field(default_factory=dict)
+
+
+def count_step_syncs(method: str, preset: str, overrides: dict | None = None, *, device: str = "cpu",
+                     accelerator: bool = True, warmup: int = 1, splits=None) -> StepSyncs:
+    """Syncs in one optimizer step of ``method`` at ``preset`` (after ``warmup`` steps), with the
+    CPU taking the accelerator's branches when ``accelerator``."""
+    with force_accelerator_path(accelerator):
+        bench = Bench(method, preset, overrides, device, splits=splits)
+        for _ in range(warmup):
+            bench.step(record=False)
+        with SyncCounter() as sc:
+            bench.step_fn(bench.next_step, bench.cfg.train.lr)
+    return StepSyncs(method, preset, len(sc.events), sc.by_site())

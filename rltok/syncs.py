@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
@@ -165,26 +165,3 @@ class SyncCounter(TorchDispatchMode):
         for e in self.events:
             out[str(e)] = out.get(str(e), 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-@dataclass
-class StepSyncs:
-    method: str
-    preset: str
-    syncs: int
-    sites: dict[str, int] = field(default_factory=dict)
-
-
-def count_step_syncs(method: str, preset: str, overrides: dict | None = None, *, device: str = "cpu",
-                     accelerator: bool = True, warmup: int = 1, splits=None) -> StepSyncs:
-    """Syncs in one optimizer step of ``method`` at ``preset`` (after ``warmup`` steps), with the
-    CPU taking the accelerator's branches when ``accelerator``."""
-    from .bench import Bench
-
-    with force_accelerator_path(accelerator):
-        bench = Bench(method, preset, overrides, device, splits=splits)
-        for _ in range(warmup):
-            bench.step(record=False)
-        with SyncCounter() as sc:
-            bench.step_fn(bench.next_step, bench.cfg.train.lr)
-    return StepSyncs(method, preset, len(sc.events), sc.by_site())

@@ -9,7 +9,8 @@ from rltok.methods import get_method
 from rltok.model.chunking import chunk_indices
 from rltok.model.layers import PackedRows
 from rltok.model.static import ChunkCaps
-from rltok.syncs import SyncCounter, accelerator_path, count_step_syncs, force_accelerator_path
+from rltok.bench import count_step_syncs
+from rltok.syncs import SyncCounter, accelerator_path, force_accelerator_path
 
 
 def test_counter_sees_each_kind_of_sync():
