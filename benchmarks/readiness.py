@@ -164,8 +164,8 @@ def summarize(cpu_path: Path, out: Path) -> dict:
     step147 = next((s for s in cpu["steps"] if s.get("preset") == "147M"), {})
     recipe = build_config(None, None, recipe="paper-147m-fineweb")
     predicted = {}
+    m = memory_plan(recipe, gpus=8)
     for kind in GPUS:
-        m = memory_plan(recipe, gpus=8)
         predicted[kind] = {"gpus": 8, "peak_memory_bytes_per_gpu": m.peak_bytes, **time_plan(recipe, kind, 8, m.peak_bytes).to_dict()}
     one = memory_plan(build_config("rl", "147M"), gpus=1)
     measured_gpu = {tag: {"peak_memory_bytes": int(gpu[f"bench_rl{tag}"]["peak_memory_gb"] * 2**30),

@@ -95,37 +95,18 @@ class _FusedAttention(torch.autograd.Function):
 
 class _Trace(TorchFunctionMode):
     """The kernels of a GPU's training step, for the meta device: fused attention
-    (:class:`_FusedAttention`), and with ``autocast`` bf16 autocast as CUDA applies it."""
-
-    def __init__(self, params: set, autocast: bool):
-        super().__init__()
-        self.params, self.autocast, self.copies = params, autocast, set()
-        self.cast = _Autocast(params)
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.autocast and func in _Autocast.LOW:
-            args = tuple(self.cast._cast(a) for a in args)
-            kwargs = {k: self.cast._cast(v) for k, v in kwargs.items()}
-            self.copies = self.cast.copies
-        if func is F.scaled_dot_product_attention:
-            q, k, v = args[:3]
-            return _FusedAttention.apply(q, k, v, kwargs)
-        return func(*args, **kwargs)
-
-
-class _Autocast(TorchFunctionMode):
-    """bf16 autocast as CUDA applies it, on any device (the meta device has none): the inputs
-    of matmuls and attention are cast to bf16 before autograd sees them, so the backward keeps
-    bf16 copies, while everything else (the residual stream, norms, losses) stays fp32. The
-    casts of parameters are remembered: they are autocast's weight copies, not activations."""
+    (:class:`_FusedAttention`) and, with ``autocast``, bf16 autocast as CUDA applies it (the
+    meta device has none): the inputs of matmuls and attention are cast to bf16 before autograd
+    sees them, so the backward keeps bf16 copies, while everything else (the residual stream,
+    norms, losses) stays fp32. The casts of parameters are remembered in ``copies``: they are
+    autocast's weight copies, not activations."""
 
     LOW = {F.linear, torch.matmul, torch.mm, torch.bmm, torch.addmm, torch.baddbmm, torch.einsum,
            F.scaled_dot_product_attention, torch.Tensor.matmul, torch.Tensor.__matmul__}
 
-    def __init__(self, params: set):
+    def __init__(self, params: set, autocast: bool):
         super().__init__()
-        self.params, self.copies = params, set()
+        self.params, self.autocast, self.copies = params, autocast, set()
 
     def _cast(self, x):
         if isinstance(x, torch.Tensor) and x.dtype == torch.float32:
@@ -139,9 +120,12 @@ class _Autocast(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in self.LOW:
+        if self.autocast and func in self.LOW:
             args = tuple(self._cast(a) for a in args)
             kwargs = {k: self._cast(v) for k, v in kwargs.items()}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            return _FusedAttention.apply(q, k, v, kwargs)
         return func(*args, **kwargs)
 
 
@@ -150,7 +134,7 @@ def activation_bytes(cfg: RunConfig, micro_batch: int, dtype: str = "bf16") -> t
     training loss, traced on the meta device with the static chunk shapes a GPU uses (the caps
     at their starting size). Parameters (and, under bf16, autocast's copies of them) saved for
     the backward are not activations and are not counted; ``dtype`` bf16 traces under
-    :class:`_Autocast`."""
+    :class:`_Trace`'s autocast."""
     from .methods import get_method
     from .objectives import training_loss
     from .data.loader import Batch
@@ -169,7 +153,7 @@ def activation_bytes(cfg: RunConfig, micro_batch: int, dtype: str = "bf16") -> t
 
     def pack(t: torch.Tensor):
         key = _storage_key(t)
-        if key not in params and key not in seen and key not in getattr(cast, "copies", ()):
+        if key not in params and key not in seen and key not in cast.copies:
             seen[key] = (t.untyped_storage().nbytes(), str(t.dtype).replace("torch.", ""))
         return t
 
