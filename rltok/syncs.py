@@ -45,12 +45,12 @@ def force_accelerator_path(enabled: bool = True) -> Iterator[None]:
 
 
 _aten = torch.ops.aten
-# ops whose result the host must wait for (a value read, or an output shape that depends on data)
+# ops whose result the host must wait for (a value read, or an output shape that depends on
+# data; nonzero_static has a fixed size and is not one)
 SYNC_OPS = {
     _aten._local_scalar_dense.default: "item",  # .item(), int(t), bool(t), float(t)
     _aten.nonzero.default: "nonzero",
     _aten.masked_select.default: "masked_select",
-    _aten.nonzero_static.default: None,  # static size: no sync
 }
 
 
