@@ -231,3 +231,16 @@ def test_whole_scoring_of_the_flat_models(method, tmp_path, small_corpus_file, o
     long = [b"The city council met on Tuesday to discuss the budget for the next year. " * 3]
     c = evaluate_corpus(m, Corpus.from_docs(long), S, dtype="fp32", whole=True)
     assert c.bytes == len(long[0]) and np.isfinite(c.bpb)
+
+
+def test_eval_rate_with_calibrate_rate_calibrates_to_the_requested_rate(smoke_runs, capsys):
+    """``--rate R --calibrate-rate`` moves the knob until the rate on the validation split is R (it
+    calibrated to boundary.target_rate = 0.2 before, and refused R for a model without a rate
+    schedule although its knob reaches R)."""
+    import json
+
+    assert main(["eval", str(smoke_runs["rl"]), "--rate", "0.3", "--calibrate-rate", "--json", "--split", "val",
+                 "--dtype", "fp32"]) == 0
+    d = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert d["requested_rate"] == 0.3 and d["target_rate"] == 0.3
+    assert abs(d["calibration"]["rate"] - 0.3) <= 0.01, d["calibration"]

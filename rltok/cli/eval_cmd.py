@@ -83,14 +83,19 @@ def run(args) -> int:
             hint = (f"the run holds out data.test_docs={cfg.data.test_docs} test documents: score --split val, "
                     "or train with --set data.test_docs=N" if args.split == "test" else "score another split")
             raise RltokError(f"--split {args.split}: {cfg.data.source} has no {args.split} documents here ({hint})")
-    from ..rates import requested_rate
+    from ..rates import requested_rate, schedule_of
 
     cal_docs = splits.val if args.calibrate_rate else None
     if cal_docs is not None and len(cal_docs) == 0:
         raise RltokError(f"--calibrate-rate calibrates on the validation split, and this run holds out none "
                          f"(data.val_docs={cfg.data.val_docs})")
-    calibration = _calibrate(model, cal_docs, args) if args.calibrate_rate else None
-    with requested_rate(model, args.rate):  # a rate the model was not trained for: refused in one line
+    # --rate R: a rate-conditioned model runs at R (a rate it was not trained for: refused in one
+    # line); with --calibrate-rate the knob then moves until the rate on the validation split is R
+    # (a model with a knob and no conditioning: the knob alone takes it there)
+    sched = schedule_of(model)
+    conditioned = args.rate is not None and (not args.calibrate_rate or (sched is not None and sched.conditioned))
+    with requested_rate(model, args.rate if conditioned else None):
+        calibration = _calibrate(model, cal_docs, args, args.rate) if args.calibrate_rate else None
         res = evaluate_corpus(model, corpus, cfg.model.seq_len, docs=args.docs, samples=args.samples,
                               mode="greedy" if args.greedy else "sample", batch_size=args.batch_size,
                               seed=args.seed, dtype=args.dtype or cfg.train.dtype, whole=args.whole,
@@ -110,7 +115,8 @@ def run(args) -> int:
         from ..evaluate import paired_difference
 
         model2 = load_model(args.against, device=args.device)
-        d_cal2 = _calibrate(model2, cal_docs, args) if args.calibrate_rate and rate_knob(model2) is not None else None
+        d_cal2 = (_calibrate(model2, cal_docs, args, args.rate)
+                  if args.calibrate_rate and rate_knob(model2) is not None else None)
         other = evaluate_corpus(model2, corpus, model2.run_config.model.seq_len, docs=args.docs,
                                 samples=args.samples, mode="greedy" if args.greedy else "sample",
                                 batch_size=args.batch_size, seed=args.seed,
@@ -146,13 +152,13 @@ def run(args) -> int:
     return 0
 
 
-def _calibrate(model, corpus, args):
-    """The model's rate knob moved to its boundary.target_rate on ``corpus`` (one line where its
-    router has none)."""
+def _calibrate(model, corpus, args, rate: float | None = None):
+    """The model's rate knob moved to ``rate`` (None: its boundary.target_rate) on ``corpus`` (one
+    line where its router has none)."""
     from ..evaluate import calibrate_rate
 
     cfg = model.run_config
-    return calibrate_rate(model, corpus, cfg.model.seq_len, cfg.boundary.target_rate,
+    return calibrate_rate(model, corpus, cfg.model.seq_len, cfg.boundary.target_rate if rate is None else rate,
                           docs=256, batch_size=args.batch_size, dtype=args.dtype or cfg.train.dtype,
                           seed=args.seed)
 
