@@ -76,7 +76,7 @@ def build_model(args, max_context: int):
 
 def plain_kv_bytes(model, batch: int, positions: int) -> int:
     """A KV cache over every byte for every layer (what a byte-level Transformer would hold)."""
-    layers = len(model.encoder) + len(model.main) + len(model.decoder)
+    layers = sum(isinstance(m, Block) for m in model.modules())
     return 2 * layers * batch * positions * model.cfg.d_model * 4
 
 

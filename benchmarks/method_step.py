@@ -37,7 +37,7 @@ def main() -> None:
     from rltok.config import build_config
     from rltok.data import load_splits
     from rltok.data.loader import SequenceDataset
-    from rltok.evaluate import autocast_for
+    from rltok.precision import autocast_for
     from rltok.flops import format_flops, training_flops_per_byte
     from rltok.objectives import training_loss
 

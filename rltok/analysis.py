@@ -39,7 +39,7 @@ from torch import nn
 from .errors import RltokError
 from .locks import held
 from .evaluate import boundary_enrichment
-from .objectives import WHITESPACE
+from .text import WHITESPACE
 from .bpe import bpe_boundaries, fit_bpe_to_rate, fit_docs, load_tokenizer, save_tokenizer, token_lengths
 from .data import load_splits
 from .data.builtin import cache_dir

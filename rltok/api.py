@@ -27,13 +27,14 @@ from torch import nn
 
 from .schema import BOS, PAD
 from .data.loader import Batch, document_windows, window_starts
-from .evaluate import autocast_for, eval_noise, model_width
+from .evaluate import eval_noise, model_width
+from .precision import autocast_for
 from .objectives import score as score_batch
 from .tasks.scoring import model_seq_len
 from .data.corpus import Corpus
 from .rates import requested_rate
 from .run import load_model
-from .text import to_bytes
+X
 
 
 def load(run: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:
@@ -115,18 +116,6 @@ def score(model: nn.Module, texts: str | bytes | Sequence[str | bytes], *, mode:
             ps.append(np.concatenate([p, np.ones(L - len(p))]) if len(p) < L else p)
     return Scored(texts=raw, logprobs=lps, boundaries=bs if out.boundaries is not None else None,
                   probs=ps if out.probs is not None else None)
-
-
-def chunks_of(data: bytes, boundaries: np.ndarray) -> list[bytes]:
-    """Split bytes after every byte whose boundary is set."""
-    out, start = [], 0
-    for i, b in enumerate(boundaries[: len(data)]):
-        if b:
-            out.append(data[start:i + 1])
-            start = i + 1
-    if start < len(data):
-        out.append(data[start:])
-    return out
 
 
 @dataclass

@@ -53,6 +53,7 @@ from .evaluate import evaluate_corpus
 from .flops import training_flops_per_byte
 from .metrics import read_metrics
 from .model.chunking import decided_mask
+from .objectives import level_key
 from .run import SUMMARY, is_finished, is_run, load_model, read_config, read_summary
 from .train import train
 
@@ -308,11 +309,15 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
     # the rate over the second half of training: where a rate-matched comparison must hold r*
     late = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])
             and r.get("bytes", 0) > summary.get("bytes", 0) / 2]
-    inner = [r["inner_rate"] for r in steps if isinstance(r.get("inner_rate"), (int, float))
-             and math.isfinite(r["inner_rate"])]
+    inner = []  # each deeper level's mean achieved rate, level 1 first
+    for k in range(1, getattr(model.cfg, "stages", 1)):
+        key = level_key(k, "rate")
+        got = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+        if not got:
+            break
+        inner.append(float(np.mean(got)))
     # at the achieved rate (chunks or tokens per byte; the flat byte LM has none and ignores it)
-    fc = training_flops_per_byte(model, model.run_config, train_rate,
-                                 float(np.mean(inner)) if inner else None)
+    fc = training_flops_per_byte(model, model.run_config, train_rate, inner or None)
     n_bytes = int(summary.get("bytes", 0))
     return {
         "train_rate": train_rate, "train_rate_late": float(np.mean(late)) if late else None,

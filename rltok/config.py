@@ -69,8 +69,12 @@ def run_config_from_dict(d: dict[str, Any], strict: bool = False, format_version
     method = d.get("method", "rl")
     _check(isinstance(method, str), f"method={method!r} must be a string")
     spec = get_method(method)
-    if (FORMAT_VERSION if format_version is None else format_version) < 8:
+    fmt = FORMAT_VERSION if format_version is None else format_version
+    if fmt < 8:
         d = _format_8_sections(d, spec.flat)
+    boundary = d.get("boundary")
+    if fmt < 11 and isinstance(boundary, dict) and boundary.get("flop_price", 0) and "flop_price_in" not in boundary:
+        d = {**d, "boundary": {**boundary, "flop_price_in": "loss"}}  # what that run did
     return RunConfig.from_dict(d, spec.config_cls, strict=strict, format_version=format_version,
                                flat_cls=spec.flat_cls)
 

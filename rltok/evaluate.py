@@ -26,8 +26,8 @@ from .schema import PAD
 from .data.corpus import Corpus
 from .data.loader import Batch, document_windows
 from .model.chunking import decided_mask
-from .precision import DEFAULT_D_MODEL, autocast as precision_autocast
-from .objectives import LN2, ScoreOutput, boundary_counts, ratios, score
+from .precision import autocast_for
+from .objectives import LN2, ScoreOutput, boundary_counts, level_key, ratios, score
 
 
 @dataclass
@@ -108,12 +108,6 @@ def model_width(model: nn.Module) -> int | None:
     return getattr(getattr(cfg, "model", None), "d_model", None)
 
 
-def autocast_for(device: torch.device, dtype: str, d_model: int | None = None):
-    """Autocast for ``dtype`` on ``device``; ``auto`` is the faster of bf16 and fp32 here
-    (:mod:`rltok.precision`)."""
-    return precision_autocast(device, dtype, d_model or DEFAULT_D_MODEL)
-
-
 def eval_noise(seed: int, sample: int, doc_indices, length: int, windows=None) -> torch.Tensor:
     """Uniforms for the boundary draws of sample ``sample`` of each document (and window: window 0
     draws what a first-window evaluation draws, so the two agree on documents that fit)."""
@@ -169,7 +163,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
                 # statistics over the scored bytes (all inputs, outside a window's overlap)
                 valid = scored
                 dec = decided_mask(batch.ids != PAD)
-                c = boundary_counts(batch.ids, out.boundaries, valid, dec, out.inner_boundaries)
+                c = boundary_counts(batch.ids, out.boundaries, valid, dec, out.level_boundaries)
                 for key, v in c.items():
                     counts[key] = counts.get(key, 0.0) + float(v)
                 if k == 0:
@@ -188,12 +182,29 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         corpus_bpb=float(nll_doc.sum() / (max(bytes_doc.sum(), 1) * LN2)),
         rate=r["rate"], whitespace_recall=r["whitespace_recall"],
         whitespace_precision=r["whitespace_precision"], word_start_recall=r["word_start_recall"],
-        rates=[r["rate"]] + ([r["inner_rate"]] if "inner_rate" in r else []),
-        bytes_per_chunk=r.get("bytes_per_inner_chunk", 1 / r["rate"] if r["rate"] > 0 else float("nan")),
+        rates=level_rates(r),
+        bytes_per_chunk=innermost_bytes_per_chunk(r),
         **boundary_enrichment(np.concatenate(surprisal) if surprisal else np.zeros(0),
                               np.concatenate(starts) if starts else np.zeros(0, bool)),
         docs=n_docs, bytes=int(bytes_doc.sum()),
         samples=k_samples, mode=mode, scoring=f"whole:{stride}" if whole else "first", per_doc_bpb=[float(x) for x in per_doc])
+
+
+def level_rates(r: dict[str, float]) -> list[float]:
+    """Every level's rate, the byte level first (boundaries per byte, then each deeper level's
+    chunk ends per chunk end of the level above), from :func:`ratios`."""
+    rates, k = [r["rate"]], 1
+    while level_key(k, "rate") in r:
+        rates.append(r[level_key(k, "rate")])
+        k += 1
+    return rates
+
+
+def innermost_bytes_per_chunk(r: dict[str, float]) -> float:
+    depth = len(level_rates(r)) - 1
+    if depth:
+        return r[f"bytes_per_{level_key(depth, 'chunk')}"]
+    return 1 / r["rate"] if r["rate"] > 0 else float("nan")
 
 
 @dataclass

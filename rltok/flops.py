@@ -16,7 +16,9 @@ Per byte:
   + r L_stage keys(r S) + r r2 L_main keys(r r2 S)] + 4 d L_dec keys(S, window), N_stage / L_stage
   the inner encoder, decoder and router; N_dec / L_dec the byte decoder and head, run a second
   time in training, forward only, on the exit that skips the inner stage (the inner router's
-  reward baseline).
+  reward baseline). Deeper U-Nets: each level k >= 1 at density c_{k-1} = r r2 ... (its input's
+  chunks per byte), the main network at the innermost density, and level k's skip exit through
+  the decoders of levels k - 1 .. 0.
 * bytes:  6 N + 12 d L keys(S, window).
 * bpe-lm: r_tok [6 N + 12 d L keys(r_tok S)], N including the vocabulary head, r_tok tokens/byte.
 """
@@ -26,13 +28,11 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import asdict, dataclass
+from typing import Sequence
 
-import torch
 from torch import nn
 
-from .schema import BoundaryConfig, RunConfig
-from .boundaries.fixed import UniformBoundaries
-from .model.unet import ByteUNet
+from .schema import RunConfig
 
 ATTN_FLOPS_PER_KEY_DIM = 12  # (QK^T + AV) x 2 FLOPs per multiply-add x 3 (forward + backward)
 
@@ -70,33 +70,53 @@ def _matmul_params(mods) -> int:
     return sum(p.numel() for m in mods for _, p in m.named_parameters() if p.dim() >= 2)
 
 
-def unet_flops(model: nn.Module, cfg: RunConfig, rate: float, inner_rate: float | None = None) -> FlopCount:
-    """``inner_rate`` (two stages): inner chunks per outer chunk; default its target."""
+def unet_flops(model: nn.Module, cfg: RunConfig, rate: float,
+               inner_rate: float | Sequence[float] | None = None) -> FlopCount:
+    """``inner_rate`` (two levels or more): each deeper level's chunks per chunk of the level above
+    (one value for every level, or one per level, level 1 first); default its target."""
     mc = cfg.model
     d, S = mc.d_model, mc.seq_len
+    stages = model.stage.stages
+    top = stages[0]
     # a shared head is applied twice per byte (early exit and final prediction)
     heads = [model.head, model.head] if model.cfg.shared_head else [model.head, model.early_head]
-    per_byte = _matmul_params([*model.encoder, *model.decoder, *heads, model.boundary])
-    n_byte_layers = len(model.encoder) + len(model.decoder)
-    inner = getattr(model, "inner", None)
-    if inner is None:
-        per_chunk = _matmul_params(list(model.main))
+    per_byte = _matmul_params([*top.encoder, *top.decoder, *heads, top.router])
+    n_byte_layers = len(top.encoder) + len(top.decoder)
+    main = top.main.layers
+    if len(stages) == 1:
+        per_chunk = _matmul_params(list(main))
         matmul = 6 * (per_byte + rate * per_chunk)
         attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window)
-                                            + rate * len(model.main) * mean_causal_keys(rate * S))
+                                            + rate * len(main) * mean_causal_keys(rate * S))
         return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk)
-    r2 = cfg.boundary.inner_target_rate if inner_rate is None else inner_rate
-    per_chunk = _matmul_params([*inner.encoder, *inner.decoder, inner.boundary])
-    per_inner = _matmul_params(list(inner.main))
-    # the skip exit (boundary.inner_baseline=skip): the byte decoder and head forward only, 2 per weight
+    deeper = len(stages) - 1
+    if inner_rate is None:
+        inner_rate = cfg.boundary.inner_target_rate
+    rates = [float(inner_rate)] * deeper if isinstance(inner_rate, (int, float)) else [float(r) for r in inner_rate]
+    per_stage = [_matmul_params([*st.encoder, *st.decoder, st.router]) for st in stages[1:]]
+    per_inner = _matmul_params(list(main))
+    # density[k]: chunks of level k per byte (level 0's chunks: the rate)
+    density = [rate]
+    for r in rates:
+        density.append(density[-1] * r)
+    matmul = 6 * (per_byte + sum(density[k] * per_stage[k] for k in range(deeper)) + density[-1] * per_inner)
+    attn_keys = sum(density[k] * (len(stages[k + 1].encoder) + len(stages[k + 1].decoder))
+                    * mean_causal_keys(density[k] * S) for k in range(deeper))
+    attn_keys += density[-1] * len(main) * mean_causal_keys(density[-1] * S)
+    # the skip exits (boundary.inner_baseline=skip), training only, forward only (2 per weight, a
+    # third of attention's 12): level k's runs the decoders of levels k - 1 .. 0 and the head
     skip_pass = getattr(cfg.boundary, "inner_baseline", "skip") == "skip"
-    skip = _matmul_params([*model.decoder, model.head]) if skip_pass else 0
-    matmul = 6 * (per_byte + rate * per_chunk + rate * r2 * per_inner) + 2 * skip
-    attn = ATTN_FLOPS_PER_KEY_DIM * d * (
-        (n_byte_layers + (len(model.decoder) / 3 if skip_pass else 0)) * mean_causal_keys(S, mc.window)
-        + rate * (len(inner.encoder) + len(inner.decoder)) * mean_causal_keys(rate * S)
-        + rate * r2 * len(inner.main) * mean_causal_keys(rate * r2 * S))
-    return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk, r2, per_inner)
+    skip, skip_keys = 0.0, 0.0
+    if skip_pass:
+        for k in range(1, deeper + 1):
+            skip += _matmul_params([*top.decoder, model.head])
+            skip_keys += len(top.decoder) / 3 * mean_causal_keys(S, mc.window)
+            for j in range(1, k):
+                skip += density[j - 1] * _matmul_params(list(stages[j].decoder))
+                skip_keys += density[j - 1] * len(stages[j].decoder) / 3 * mean_causal_keys(density[j - 1] * S)
+    matmul = matmul + 2 * skip
+    attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window) + skip_keys + attn_keys)
+    return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_stage[0], rates[0], per_inner)
 
 
 def flat_flops(model: nn.Module, seq_len: int, token_rate: float | None = None) -> FlopCount:
@@ -119,21 +139,6 @@ def training_flops_per_byte(model: nn.Module, cfg: RunConfig, rate: float | None
     target). The U-Net's count; a flat baseline registers its own for its model class
     (rltok/flat/: the bytes LM ignores ``rate``, the token LM reads it as tokens per byte)."""
     return unet_flops(model, cfg, cfg.boundary.target_rate if rate is None else rate, inner_rate)
-
-
-def reference_unet(cfg: RunConfig) -> nn.Module:
-    """The U-Net of this model config with parameter-free boundaries, on the meta device (no
-    memory): the reference that ``bytes`` matches in parameters and ``bpe-lm`` in FLOPs."""
-    with torch.device("meta"):
-        return ByteUNet(cfg.model, UniformBoundaries(cfg.model, BoundaryConfig(target_rate=cfg.boundary.target_rate)))
-
-
-def reference_unet_flops(cfg: RunConfig) -> FlopCount:
-    return unet_flops(reference_unet(cfg), cfg, cfg.boundary.target_rate)
-
-
-def reference_unet_params(cfg: RunConfig) -> int:
-    return sum(p.numel() for p in reference_unet(cfg).parameters())
 
 
 def solve_hidden(budget: float, fixed: float, per_hidden: float, lo: int = 1) -> int:

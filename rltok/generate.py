@@ -54,8 +54,9 @@ from .schema import BOS, PAD
 from .errors import RltokError
 from .model.inference import DecodeStep, InferenceState, PrefillOutput  # noqa: F401  (the decoding types)
 from .model.inference import _fit, _pad_rows, _with_end_column
-from .evaluate import autocast_for, model_width
-from .text import to_bytes
+from .evaluate import model_width
+from .precision import autocast_for
+from .text import chunks_of, to_bytes
 
 STOP_REASONS = ("eos", "stop", "length")  # end of document predicted, stop string, max_new_bytes
 
@@ -205,15 +206,7 @@ class Generation:
         """Prompt + every sampled byte, cut after every byte that ends a chunk (BOS not shown;
         the last sampled byte was never read, so it ends an open piece)."""
         data = self.prompt + bytes(x for x in self.sampled if x < 256)
-        b = self.boundaries[1: 1 + len(data)]
-        out, start = [], 0
-        for i, e in enumerate(b):
-            if e:
-                out.append(data[start:i + 1])
-                start = i + 1
-        if start < len(data):
-            out.append(data[start:])
-        return out
+        return chunks_of(data, self.boundaries[1: 1 + len(data)])
 
 
 @dataclass

@@ -14,19 +14,19 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .boundaries.base import LossContext
+from .model.router import LossContext
 from .schema import PAD, RunConfig
 from .data.loader import Batch
-from .model.stage import chunk_sums, inner_boundary_bytes
+from .model.stage import chunk_sums, level_boundary_bytes
+from .text import whitespace_mask
 
 LN2 = math.log(2.0)
-WHITESPACE = (9, 10, 11, 12, 13, 32)
 
 
 @dataclass
@@ -41,7 +41,13 @@ class ScoreOutput:
     boundaries: Tensor | None = None  # (B, S) bool, None for models without chunks
     probs: Tensor | None = None  # (B, S) boundary probabilities, when the method has them
     correct: Tensor | None = None  # (B, S) bool: the target is the most likely next id (greedy)
-    inner_boundaries: Tensor | None = None  # (B, S) bool, two stages: bytes that end an inner chunk
+    # (B, S) bool per level below the bytes (level 1 first): the bytes that end a chunk of that level
+    level_boundaries: list[Tensor] = field(default_factory=list)
+
+    @property
+    def inner_boundaries(self) -> Tensor | None:
+        """(B, S) bool, two levels or more: the bytes that end a level-1 chunk."""
+        return self.level_boundaries[0] if self.level_boundaries else None
 
 
 def _identity(x: Tensor) -> Tensor:
@@ -56,15 +62,13 @@ def per_position_ce(logits: Tensor, targets: Tensor) -> Tensor:
     return ce * (targets >= 0)
 
 
-def whitespace_mask(ids: Tensor) -> Tensor:
-    ws = torch.zeros(ids.shape, dtype=torch.bool, device=ids.device)
-    for c in WHITESPACE:
-        ws |= ids == c
-    return ws
+def level_key(level: int, name: str) -> str:
+    """A statistic's name for level ``level`` >= 1 below the bytes: inner_rate, inner2_rate, ..."""
+    return f"inner_{name}" if level == 1 else f"inner{level}_{name}"
 
 
 def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | None = None,
-                    inner: Tensor | None = None) -> dict[str, Tensor]:
+                    inner: Tensor | Sequence[Tensor] | None = None) -> dict[str, Tensor]:
     """Sums from which rate and whitespace recall/precision are computed (additive over batches).
 
     rate = boundaries / valid bytes (forced ends included, as the paper reports it);
@@ -74,8 +78,8 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
     end a chunk / such bytes. A policy can settle on either of two word-aligned segmentations:
     chunks ending on the space ("word " chunks, the paper's finding) or on the first byte of the
     next word (the same chunks shifted by one byte); the two recalls tell them apart.
-    ``inner`` (two stages): the bytes that end an inner chunk; the inner rate is inner chunk ends
-    per outer chunk end.
+    ``inner`` (two levels or more): per level below the bytes, the bytes that end a chunk of that
+    level; level k's rate is its chunk ends per chunk end of level k - 1.
     """
     b = b.bool() & valid
     ws_all = whitespace_mask(ids)
@@ -84,7 +88,8 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
     prev_ws[:, 1:] = ws_all[:, :-1]
     word_start = prev_ws & ~ws_all & valid
     dec = valid if decided is None else decided
-    extra = {} if inner is None else {"n_inner_boundary": (inner.bool() & b).sum()}
+    ends = [] if inner is None else [inner] if isinstance(inner, Tensor) else list(inner)
+    extra = {f"n_{level_key(k, 'boundary')}": (e.bool() & b).sum() for k, e in enumerate(ends, 1)}
     return {
         **extra,
         "n_valid": valid.sum(), "n_boundary": b.sum(),
@@ -97,9 +102,12 @@ def boundary_counts(ids: Tensor, b: Tensor, valid: Tensor, decided: Tensor | Non
 def ratios(c: dict[str, Tensor | float]) -> dict[str, float]:
     f = {k: float(v) for k, v in c.items()}
     inner = {}
-    if "n_inner_boundary" in f:
-        inner = {"inner_rate": f["n_inner_boundary"] / max(f["n_boundary"], 1),
-                 "bytes_per_inner_chunk": f["n_valid"] / f["n_inner_boundary"] if f["n_inner_boundary"] else float("nan")}
+    k, above = 1, f["n_boundary"]
+    while f"n_{level_key(k, 'boundary')}" in f:
+        n = f[f"n_{level_key(k, 'boundary')}"]
+        inner[level_key(k, "rate")] = n / max(above, 1)
+        inner[f"bytes_per_{level_key(k, 'chunk')}"] = f["n_valid"] / n if n else float("nan")
+        k, above = k + 1, n
     return {
         **inner,
         "rate": f["n_boundary"] / max(f["n_valid"], 1),
@@ -134,8 +142,8 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     # gradient, which DDP requires
     loss = bc.lm_weight * lm + bc.early_weight * early + aux
     inner_bytes = None
-    if out.inner is not None:
-        inner_loss, inner_stats, inner_bytes = _inner_stage_loss(model, out, ce, batch, n, ctx)
+    if len(out.levels) > 1:
+        inner_loss, inner_stats, inner_bytes = _deeper_levels_loss(model, out, ce, batch, n, ctx)
         loss = loss + inner_loss
         stats.update(inner_stats)
     counts = boundary_counts(batch.ids, out.boundary.b, valid, out.boundary.decided, inner_bytes)
@@ -150,30 +158,38 @@ def unet_training_loss(model: nn.Module, batch: Batch, cfg: RunConfig,
     return StepLoss(loss=loss, stats=stats)
 
 
-def _inner_stage_loss(model: nn.Module, out, ce: Tensor, batch: Batch, n: Tensor,
-                      ctx: LossContext) -> tuple[Tensor, dict[str, Tensor], Tensor]:
-    """Two stages: the inner router's estimator (docs/two_stage.md), its statistics and the bytes
-    that end an inner chunk.
+def _deeper_levels_loss(model: nn.Module, out, ce: Tensor, batch: Batch, n: Tensor,
+                        ctx: LossContext) -> tuple[Tensor, dict[str, Tensor], list[Tensor]]:
+    """Two levels or more: each deeper router's estimator (docs/two_stage.md), its statistics and
+    the bytes that end a chunk of its level.
 
-    The inner router decides over the outer chunks. Its per-position loss is chunk m's share of
-    the byte losses, summed over the bytes that read chunk m; its reward baseline is the same sum
-    through the exit that skips the inner stage (``skip_logits``). Then the one-stage estimator
-    runs unchanged on that axis: batch-relative advantage per chunk index, reward-to-go
-    discounted by gamma per outer chunk, its own rate penalty at boundary.inner_target_rate. Its
-    surrogate is divided by the byte targets, as the outer one is, so that both estimate the
-    gradient of the same per-byte loss. The skip exit runs forward only (no loss of its own)."""
-    ch = out.chunks
-    # the baseline: the skip exit's losses, or (boundary.inner_baseline=early) the outer early exit's
-    ce_skip = ctx.ce_early if out.skip_logits is None else per_position_ce(out.skip_logits, batch.targets)
-    inner_ctx = LossContext(out=out.inner.boundary, ce=chunk_sums(ce, ch), ce_early=chunk_sums(ce_skip, ch),
-                            target_mask=(chunk_sums(ctx.target_mask.float(), ch) > 0) & ch.valid, valid=ch.valid,
-                            reduce_mean=ctx.reduce_mean, all_reduce_sum=ctx.all_reduce_sum, ids=None,
-                            n_targets=n.float())
-    aux, stats = model.inner.boundary.aux_loss(inner_ctx)
-    stats = {f"inner_{k}": v for k, v in stats.items()}
-    if out.skip_logits is not None:
-        stats["bpb_skip"] = ce_skip.sum() / n / LN2
-    return aux, stats, inner_boundary_bytes(out.inner, ch, batch.ids.shape[1])
+    The router of level k decides over the chunks of level k - 1. Its per-position loss is that
+    chunk's share of the byte losses, summed over the bytes that read it; its reward baseline is
+    the same sum through the exit that skips level k (``skip_logits``). Then the one-stage
+    estimator runs unchanged on that axis: batch-relative advantage per chunk index, reward-to-go
+    discounted by gamma per chunk, its own rate penalty at boundary.inner_target_rate. Its
+    surrogate is divided by the byte targets, as the byte router's is, so that every level
+    estimates the gradient of the same per-byte loss. The skip exits run forward only."""
+    levels, routers = out.levels, model.routers
+    total, stats = ce.new_zeros(()), {}
+    for k in range(1, len(levels)):
+        skip = out.skip_logits[k - 1]
+        # the baseline: the skip exit's losses, or (boundary.inner_baseline=early) the early exit's
+        ce_skip = ctx.ce_early if skip is None else per_position_ce(skip, batch.targets)
+        c, c_skip, targets = ce, ce_skip, ctx.target_mask.float()
+        for j in range(k):  # byte values summed up to the chunks of level k - 1
+            ch = levels[j].chunks
+            c, c_skip, targets = chunk_sums(c, ch), chunk_sums(c_skip, ch), chunk_sums(targets, ch)
+        valid = levels[k - 1].chunks.valid
+        level_ctx = LossContext(out=levels[k].boundary, ce=c, ce_early=c_skip, target_mask=(targets > 0) & valid,
+                                valid=valid, reduce_mean=ctx.reduce_mean, all_reduce_sum=ctx.all_reduce_sum,
+                                ids=None, n_targets=n.float())
+        aux, level_stats = routers[k].aux_loss(level_ctx)
+        total = aux if k == 1 else total + aux
+        stats.update({level_key(k, name): v for name, v in level_stats.items()})
+        if skip is not None:
+            stats["bpb_skip" if k == 1 else f"bpb_skip{k}"] = ce_skip.sum() / n / LN2
+    return total, stats, level_boundary_bytes(out.stage, batch.ids.shape[1])
 
 
 @torch.no_grad()
@@ -182,11 +198,8 @@ def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode
     out = model(batch.ids, noise=noise, mode=mode, boundaries=boundaries)
     nll = per_position_ce(out.logits, batch.targets)
     correct = out.logits.argmax(-1) == batch.targets
-    inner = None
-    if out.inner is not None:
-        inner = inner_boundary_bytes(out.inner, out.chunks, batch.ids.shape[1])
     return ScoreOutput(nll=nll, boundaries=out.boundary.b, probs=out.boundary.probs, correct=correct,
-                       inner_boundaries=inner)
+                       level_boundaries=level_boundary_bytes(out.stage, batch.ids.shape[1]))
 
 
 @functools.singledispatch

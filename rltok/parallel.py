@@ -15,10 +15,12 @@ from torch import nn
 from .schema import RunConfig
 from .distributed import DistInfo
 from .checkpoint import load_optimizer_state, optimizer_state
+from .model.layers import Block
 
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
-    return [*getattr(model, "encoder", []), *getattr(model, "main", []), *getattr(model, "decoder", [])]
+    """Every Transformer block, at every level of the U-Net (and a flat model's)."""
+    return [m for m in model.modules() if isinstance(m, Block)]
 
 
 def wrap_data_parallel(model: nn.Module, cfg: RunConfig, info: DistInfo) -> nn.Module:

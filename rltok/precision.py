@@ -18,7 +18,7 @@ choice is measured, not guessed from the preset:
 An explicit ``bf16`` or ``fp32`` is always kept; :func:`explicit_warning` says in one line when
 the kept one is the slower here. Every entry point (train, eval, tasks, generate, bench, compare,
 the API) resolves ``auto`` through :func:`resolve_dtype`, usually via
-:func:`rltok.evaluate.autocast_for`.
+:func:`autocast_for`.
 """
 
 from __future__ import annotations
@@ -246,11 +246,13 @@ def warning_once(choice: DtypeChoice) -> str | None:
     return warning
 
 
-def autocast(device: torch.device, dtype: str, d_model: int = DEFAULT_D_MODEL):
-    """Autocast context for ``dtype`` (``auto`` resolved here). An explicit bf16 that is the
+def autocast_for(device: torch.device, dtype: str, d_model: int | None = None):
+    """Autocast context for ``dtype`` on ``device`` (``auto``: the faster of bf16 and fp32 here, for
+    a model of width ``d_model``, default :data:`DEFAULT_D_MODEL`). An explicit bf16 that is the
     slower on this CPU (e.g. an older run's config) runs as asked, with one line on stderr per
     process."""
     device = torch.device(device)
+    d_model = d_model or DEFAULT_D_MODEL
     if dtype == "auto":
         dtype = resolve_dtype(device, "auto", d_model).dtype
     elif dtype == "bf16" and device.type == "cpu" and "bf16" not in _warned:
@@ -264,3 +266,6 @@ def autocast(device: torch.device, dtype: str, d_model: int = DEFAULT_D_MODEL):
 
 def as_record(choice: DtypeChoice) -> dict:
     return asdict(choice)
+
+
+autocast = autocast_for  # the name tests and older callers use

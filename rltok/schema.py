@@ -83,7 +83,7 @@ class ModelConfig:
         _check(self.static_chunks in ("auto", "on", "off"),
                f"model.static_chunks={self.static_chunks!r} must be auto, on or off")
         _check(self.chunk_cap_row > 0 and self.chunk_cap_total > 0, "model.chunk_cap_* must be > 0")
-        _check(self.stages in (1, 2), f"model.stages={self.stages} must be 1 or 2")
+        _check(self.stages >= 1, f"model.stages={self.stages} must be >= 1")
         _check(self.inner_enc_layers >= 0 and self.inner_dec_layers >= 0,
                "model.inner_enc_layers and model.inner_dec_layers must be >= 0")
 
@@ -320,7 +320,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 10
+FORMAT_VERSION = 11
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -335,6 +335,10 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.inner_target_rate": 5, "boundary.rate_integral_gain": 6,
     "boundary.inner_baseline": 7, "boundary.rate_antiwindup": 9,
     "model.static_chunks": 10, "model.chunk_cap_row": 10, "model.chunk_cap_total": 10, "train.fullgraph": 10,
+    # format 11: the U-Net's parameters are named by level (stage.encoder..., stage.router...,
+    # stage.inner...; an older checkpoint's flat names are renamed on load), and the compute price
+    # moved into the REINFORCE reward (an older run priced in the loss: rltok.config migrates it)
+    "boundary.flop_price_in": 11,
     # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
     # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
     # run's); match arrived in format 4 as boundary.match, upsample and pool in 3

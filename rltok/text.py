@@ -1,4 +1,4 @@
-"""Text to bytes, for text that may not be valid Unicode."""
+"""Text to bytes, for text that may not be valid Unicode; bytes cut into chunks; which bytes are whitespace."""
 
 from __future__ import annotations
 
@@ -21,3 +21,27 @@ def to_bytes(text: str | bytes) -> bytes:
 def printable(text: str | bytes) -> str:
     """``text`` as a str that any UTF-8 stream can write (invalid bytes shown as U+FFFD)."""
     return to_bytes(text).decode("utf-8", errors="replace")
+
+
+def chunks_of(data: bytes, ends) -> list[bytes]:
+    """``data`` cut after every byte whose entry of ``ends`` (a sequence of bools, at least as
+    long as ``data``, or shorter: the rest is one open piece) is set."""
+    out, start = [], 0
+    for i, e in enumerate(ends[: len(data)]):
+        if e:
+            out.append(data[start:i + 1])
+            start = i + 1
+    if start < len(data):
+        out.append(data[start:])
+    return out
+
+
+WHITESPACE = (9, 10, 11, 12, 13, 32)  # tab, newline, vertical tab, form feed, carriage return, space
+
+
+def whitespace_mask(ids):
+    """(B, S) bool: the byte ids (a tensor) that are ASCII whitespace."""
+    ws = ids == WHITESPACE[0]
+    for c in WHITESPACE[1:]:
+        ws = ws | (ids == c)
+    return ws

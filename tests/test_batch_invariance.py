@@ -57,7 +57,7 @@ def models(tmp_path_factory):
     model = get_method("rl").build(cfg, None)
     with torch.no_grad():
         model.boundary.proj.weight.mul_(20.0)
-        model.inner.boundary.proj.weight.mul_(20.0)
+        model.routers[1].proj.weight.mul_(20.0)
     model.run_config = cfg
     built["rl-2stage"] = model.eval()
     return built

@@ -11,7 +11,8 @@ from rltok.bench import datasheet_peak, measure_matmul_peak
 from rltok.methods import get_method
 from rltok.cli import main
 from rltok.config import build_config
-from rltok.flops import mean_causal_keys, reference_unet, training_flops_per_byte
+from rltok.flat.reference import reference_unet
+from rltok.flops import mean_causal_keys, training_flops_per_byte
 
 REPO = Path(__file__).resolve().parents[1]
 

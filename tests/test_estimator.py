@@ -109,7 +109,7 @@ def _mc_vs_exact(window, baseline, gamma, N=4096, n=8):
     g = torch.Generator().manual_seed(5)
     seq = torch.randint(97, 123, (1, S_ENUM + 1), generator=g)
     ids, targets = seq[:, :-1], seq[:, 1:]
-    h = model.encode(ids)[0].detach()
+    h = model.encode(ids).detach()
     valid = torch.ones(1, S_ENUM, dtype=torch.bool)
 
     # exact: enumerate every pattern of the S-2 free positions

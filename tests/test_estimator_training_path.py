@@ -77,7 +77,7 @@ def _exact_gradient(model, cfg, ids, targets):
     with torch.no_grad():
         out = model(ids.expand(P, -1), boundaries=pats)
         loss_p = per_position_ce(out.logits, targets.expand(P, -1)).mean(1)  # (1/T) sum_t CE_t
-    h = model.encode(ids)[0]
+    h = model.encode(ids)
     valid = torch.ones(P, S, dtype=torch.bool)
     bo = model.boundary(h.expand(P, -1, -1), ids.expand(P, -1), valid=valid, fixed=pats)
     logp = bo.log_prob.sum(1)
@@ -167,12 +167,12 @@ def _two_stage_model(**over):
     model = get_method("rl").build(cfg, None)
     with torch.no_grad():  # routers far from p = r*, so that both gradients are informative
         model.boundary.proj.weight.mul_(3.0)
-        model.inner.boundary.proj.weight.mul_(3.0)
+        model.routers[1].proj.weight.mul_(3.0)
     return model, cfg
 
 
 def _two_stage_params(model):
-    return [*model.boundary.proj.parameters(), *model.inner.boundary.proj.parameters()]
+    return [*model.boundary.proj.parameters(), *model.routers[1].proj.parameters()]
 
 
 def _exact_two_stage_gradient(model, cfg, ids, targets):
@@ -181,7 +181,7 @@ def _exact_two_stage_gradient(model, cfg, ids, targets):
     from rltok.model.chunking import chunk_indices
 
     params = _two_stage_params(model)
-    h = model.encode(ids)[0]
+    h = model.encode(ids)
     objective, total = 0.0, 0.0
     for p in itertools.product([0, 1], repeat=S - 2):
         pat = torch.tensor([[1, *p, 1]], dtype=torch.bool)
@@ -193,8 +193,9 @@ def _exact_two_stage_gradient(model, cfg, ids, targets):
             loss = per_position_ce(out.logits, targets.expand(n, -1)).mean(1)
         bo = model.boundary(h, ids, valid=torch.ones(1, S, dtype=torch.bool), fixed=pat)
         ch = chunk_indices(pat)
-        y = model.inner(model.boundary.downsample(h, bo, ch), ch.positions, ch.valid, fixed=qs[:1]).skip
-        bo2 = model.inner.boundary(y.expand(n, -1, -1), torch.zeros(n, M, dtype=torch.long),
+        z = model.boundary.adjust_chunks(model.stage.chunker(h, bo, ch))
+        y = model.stage.inner(z, ch.positions, ch.valid, fixed=[qs[:1]]).h  # level 1's encoder output
+        bo2 = model.routers[1](y.expand(n, -1, -1), torch.zeros(n, M, dtype=torch.long),
                                    valid=torch.ones(n, M, dtype=torch.bool), fixed=qs)
         prob = (bo.log_prob.sum() + bo2.log_prob.sum(1)).exp()
         objective = objective + (prob * loss).sum()
@@ -349,8 +350,36 @@ def test_early_exit_head_is_trained_by_its_own_loss():
     head = list(model.early_head.parameters())
     sl = training_loss(model, batch, cfg)
     got = _flat(torch.autograd.grad(sl.loss, head))
-    h = model.encode(batch.ids)[0]
+    h = model.encode(batch.ids)
     ce_e = per_position_ce(model.early_head(model.early_norm(h)), batch.targets)
     want = _flat(torch.autograd.grad(cfg.boundary.early_weight * ce_e.mean(), head))
     assert got.abs().max() > 0
     torch.testing.assert_close(got, want, atol=1e-7, rtol=1e-4)
+
+
+def test_compute_price_in_the_reward_is_unbiased():
+    """boundary.flop_price_in=reward: every decided boundary costs price = flop_price x its marginal
+    relative FLOPs in its REINFORCE return. E[grad of training_loss on the policy] must be the
+    exact grad of pg_weight * E_b[mean_t CE_t + price * (decided boundaries) / T] (w = 1, gamma = 1,
+    leave-one-out); the same J without the price must be rejected (the price is seen)."""
+    over = {"boundary.reward": "early_exit", "boundary.baseline": "leave_one_out", "boundary.rate_weight": 0.0,
+            "boundary.flop_price": 0.5, "boundary.flop_price_in": "reward"}
+    model, cfg = _model(1, **over)
+    ids, targets = _sequence()
+    mean, se = _mc_gradient(model, cfg, ids, targets, n_seq=8192, chunk=64)
+    bc, params = cfg.boundary, _policy_params(model)
+    pats = torch.tensor([[1, *p, 1] for p in itertools.product([0, 1], repeat=S - 2)], dtype=torch.bool)
+    P = len(pats)
+    with torch.no_grad():
+        loss_p = per_position_ce(model(ids.expand(P, -1), boundaries=pats).logits, targets.expand(P, -1)).mean(1)
+    h = model.encode(ids)
+    bo = model.boundary(h.expand(P, -1, -1), ids.expand(P, -1), valid=torch.ones(P, S, dtype=torch.bool), fixed=pats)
+    price = bc.flop_price * model.boundary.marginal_relative_flops(bo.probs.detach()[0].mean())
+    assert 0 < price < 10
+    n_decided = (pats & bo.decided).sum(1).float()
+    p = bo.log_prob.sum(1).exp()
+    with_price = _flat(torch.autograd.grad(bc.pg_weight * (p * (loss_p + price * n_decided / S)).sum(), params,
+                                           retain_graph=True))
+    without = _flat(torch.autograd.grad(bc.pg_weight * (p * loss_p).sum(), params))
+    assert _z(mean, with_price, se) < 5.0, (mean, with_price, se)
+    assert _z(mean, without, se) > 5.0

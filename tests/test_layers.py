@@ -64,8 +64,8 @@ def test_main_network_on_packed_chunks_matches_the_padded_layout():
     valid = torch.arange(M)[None, :] < counts[:, None]
     z_in = z * valid[..., None]
     positions = torch.where(valid, torch.arange(M)[None, :] * 3, torch.full((B, M), 31))
-    padded = model.run_main(z_in, positions)
-    packed = model.run_main(z_in, positions, valid=valid)
+    padded = model.stage.main(z_in, positions)
+    packed = model.stage.main(z_in, positions, valid=valid)
     torch.testing.assert_close(packed[valid], padded[valid], atol=1e-5, rtol=1e-5)
     assert packed[~valid].abs().max() == 0
     g1, = torch.autograd.grad(padded[valid].sum(), z, retain_graph=True)

@@ -210,7 +210,8 @@ def test_hnet_routing_by_hand():
 
 def test_hnet_dechunk_forward_is_ema_of_chunks():
     cfg = build_config("hnet", "smoke")
-    mod = get_method("hnet").build(cfg, None).boundary
+    model = get_method("hnet").build(cfg, None)
+    mod = model.boundary
     d = cfg.model.d_model
     torch.manual_seed(1)
     h = torch.randn(1, 10, d)
@@ -218,7 +219,7 @@ def test_hnet_dechunk_forward_is_ema_of_chunks():
               fixed=torch.tensor([B_SPEC], dtype=torch.bool))
     chunks = chunk_indices(out.b)
     zhat = torch.randn(1, 4, d)
-    u = mod.upsample(h, zhat, out, chunks)
+    u = model.stage.dechunker(h, zhat, out, chunks)
     P = out.probs[0, [0, 3, 7, 9]].clamp(1e-4, 1 - 1e-4)
     zbar, prev = [], torch.zeros(d)
     for c in range(4):

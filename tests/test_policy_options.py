@@ -34,7 +34,7 @@ def test_prescribed_boundaries_are_given_and_not_decided(window):
     est.policy_gradient_surrogate(torch.ones_like(lp), lp, torch.ones_like(nl)[None]).backward()
     assert (logits.grad[0][nl] == 0).all() and (logits.grad[0][~nl & out.decided[0]] != 0).all()
     # byte-by-byte decoding gives the same prescribed boundaries
-    h = m.encode(ids)[0]
+    h = m.encode(ids)
     state = None
     for t in range(ids.shape[1] - 1):
         st = m.boundary.step(h[:, t], ids[:, t], state, pos=torch.tensor([t]), noise=noise[:, t])
@@ -214,10 +214,10 @@ def test_mean_pooling_under_rl(tmp_path):
     b = torch.rand(2, 30) < 0.3
     b[:, 0] = True
     b[:, -1] = True
-    h = m.encode(ids)[0]
+    h = m.encode(ids)
     out = m.boundary(h, ids, valid=torch.ones_like(b), fixed=b)
     ch = chunk_indices(out.b, m.cfg.chunk_pad_multiple)
-    torch.testing.assert_close(m.boundary.downsample(h, out, ch), mean_pool(h, ch))
+    torch.testing.assert_close(m.boundary.adjust_chunks(m.stage.chunker(h, out, ch)), mean_pool(h, ch))
     # the MeanPool chunker keeps the open chunk's sum, so mean pooling decodes from caches too
     # (parity: test_generate's DECODABLE), and gives what recomputing the full model gives
     assert m.boundary.decodable()
@@ -275,7 +275,7 @@ def test_each_method_gets_its_own_parts_from_the_part_options():
     def parts(method, **over):
         torch.manual_seed(0)
         m = build_model(build_config(method, "smoke", overrides=over))
-        return m.boundary.chunker, m.boundary.dechunker
+        return m.stage.chunker, m.stage.dechunker
 
     c, d = parts("rl")
     assert type(c) is SelectLast and type(d) is AddLatest and not d.deviation
@@ -300,7 +300,7 @@ def test_integral_rate_controller_by_hand():
     torch.manual_seed(0)
     model = build_model(cfg)
     pol = model.boundary
-    assert "boundary.rate_offset" in model.state_dict()
+    assert "stage.router.rate_offset" in model.state_dict()
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, 256, (4, 64), generator=g)
     batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
@@ -322,7 +322,7 @@ def test_integral_rate_controller_by_hand():
     # without the controller the offset is a knob for calibration only: not moved in training,
     # not saved (penalty-only weights keep their tensor names), but it moves every logit
     plain = build_model(build_config("rl", "smoke"))
-    assert "boundary.rate_offset" not in plain.state_dict()
+    assert "stage.router.rate_offset" not in plain.state_dict()
     training_loss(plain, batch, build_config("rl", "smoke"))
     assert float(plain.boundary.rate_offset) == 0.0
     with torch.no_grad():

@@ -20,7 +20,8 @@ from rltok.config import build_config
 from rltok.data.corpus import Corpus
 from rltok.data.loader import document_batches
 from rltok.evaluate import evaluate_corpus
-from rltok.flops import (flat_flops, mean_causal_keys, reference_unet, reference_unet_params,
+from rltok.flat.reference import reference_unet, reference_unet_params
+from rltok.flops import (flat_flops, mean_causal_keys,
                          training_flops_per_byte, unet_flops)
 from rltok.flat.model import FlatLM, flat_params
 

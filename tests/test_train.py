@@ -147,7 +147,7 @@ def test_hnet_threshold_control_holds_the_target_rate(small_corpus_file, start):
 
     held, model = rates("threshold")
     assert abs(sum(held[-10:]) / 10 - 0.2) < 0.03
-    assert "boundary.threshold" in model.state_dict()  # saved with the weights
+    assert "stage.router.threshold" in model.state_dict()  # saved with the weights
     free, _ = rates("")
     assert abs(sum(free[-10:]) / 10 - 0.2) > 0.1
 

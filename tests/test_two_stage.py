@@ -87,7 +87,7 @@ def test_inner_draws_are_bernoulli_at_the_inner_probability():
     fixed outer chunk is drawn with its own probability (the rescaled uniform is uniform)."""
     model = _model()
     with torch.no_grad():  # both routers at p = r* (0.2, 0.5), so that byte 1 often ends a chunk
-        for router in (model.boundary, model.inner.boundary):
+        for router in model.routers:
             router.proj.weight.zero_()
             router.proj.bias.zero_()
     g = torch.Generator().manual_seed(3)
@@ -100,8 +100,8 @@ def test_inner_draws_are_bernoulli_at_the_inner_probability():
     # same in every such row, and so is the inner router's probability at it
     keep = out.boundary.b[:, 1]
     assert 300 < keep.sum() < 19700
-    p_inner = out.inner.boundary.probs[keep][:, 1:2]
-    d_inner = out.inner.boundary.b[keep][:, 1:2].float()
+    p_inner = out.levels[1].boundary.probs[keep][:, 1:2]
+    d_inner = out.levels[1].boundary.b[keep][:, 1:2].float()
     # same prefix, same decisions before: the probability is the same in every kept row
     torch.testing.assert_close(p_inner[:, 0], p_inner[:1, 0].expand(len(p_inner)), atol=1e-5, rtol=0)
     n = keep.sum().item()
@@ -170,7 +170,7 @@ def test_cached_decoding_matches_the_full_forward_pass_at_both_levels(over, mode
         ref = torch.log_softmax(full.logits[0].float(), -1)[L - 1: L - 1 + n]
         torch.testing.assert_close(torch.stack(got[r]), ref, atol=ATOL, rtol=0)
         assert full.boundary.b[0, L: L - 1 + n].tolist() == decided[r][: n - 1]
-        inner_any |= bool(inner_boundary_bytes(full.inner, full.chunks, ids.shape[1])[0, 1:-1].any())
+        inner_any |= bool(inner_boundary_bytes(full.levels[1], full.chunks, ids.shape[1])[0, 1:-1].any())
     assert inner_any
 
 
@@ -183,11 +183,11 @@ def test_flops_count_each_stage_at_its_rate():
 
     model, cfg = _model(), _cfg()
     d, r1, r2 = cfg.model.d_model, 0.25, 0.4
-    inner = model.inner
-    byte = _matmul_params([*model.encoder, *model.decoder, model.head, model.early_head, model.boundary])
-    skip = _matmul_params([*model.decoder, model.head])
-    mid = _matmul_params([*inner.encoder, *inner.decoder, inner.boundary])
-    top = _matmul_params(list(inner.main))
+    outer, inner = model.stage.stages
+    byte = _matmul_params([*outer.encoder, *outer.decoder, model.head, model.early_head, outer.router])
+    skip = _matmul_params([*outer.decoder, model.head])
+    mid = _matmul_params([*inner.encoder, *inner.decoder, inner.router])
+    top = _matmul_params(list(inner.main.layers))
     assert mid > 0 and top > 0
     want = 6 * (byte + r1 * mid + r1 * r2 * top) + 2 * skip + A * d * (
         (2 + 1 / 3) * mean_causal_keys(S, 8) + r1 * 2 * mean_causal_keys(r1 * S)
@@ -204,8 +204,8 @@ def test_flops_count_each_stage_at_its_rate():
 def test_other_methods_and_unsupported_options_are_refused_in_one_line():
     with pytest.raises(RltokError, match="one stage only"):
         build_config("uniform", "smoke", overrides={"model.stages": 2})
-    with pytest.raises(RltokError, match="model.stages=3"):
-        build_config("rl", "smoke", overrides={"model.stages": 3})
+    with pytest.raises(RltokError, match="model.stages=0"):
+        build_config("rl", "smoke", overrides={"model.stages": 0})
     cfg = build_config("rl", "smoke", overrides={"model.stages": 2, "boundary.rate_scope": "document"})
     with pytest.raises(RltokError, match="rate_scope"):
         get_method("rl").build(cfg, None)
@@ -266,8 +266,8 @@ def test_early_exit_inner_baseline_runs_no_skip_pass():
     ids = torch.randint(0, 256, (4, 64), generator=g)
     batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
                   noise=torch.rand(4, 64, generator=g), index=torch.arange(4))
-    assert model(ids, noise=batch.noise).skip_logits is None
+    assert model(ids, noise=batch.noise).skip_logits == [None]
     sl = training_loss(model, batch, cfg)
     assert "bpb_skip" not in sl.stats and "inner_pg_loss" in sl.stats
     sl.loss.backward()
-    assert model.inner.boundary.proj.weight.grad.abs().sum() > 0
+    assert model.routers[1].proj.weight.grad.abs().sum() > 0

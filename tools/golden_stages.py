@@ -49,11 +49,7 @@ def _f(x) -> float:
 
 def _levels(out) -> list[list[list[int]]]:
     """The boundaries at every level, each as row lists of 0/1 over its own axis."""
-    levels, stage = [out.boundary.b.int().tolist()], out.inner
-    while stage is not None:
-        levels.append(stage.boundary.b.int().tolist())
-        stage = getattr(stage, "inner", None)
-    return levels
+    return [level.boundary.b.int().tolist() for level in out.levels]
 
 
 def fingerprint(name: str) -> dict:

@@ -127,7 +127,7 @@ class BpeBoundaries(BoundaryModule):
 
 def _build(cfg: RunConfig, run_dir: Path | None = None):
     router = BpeBoundaries(cfg.model, cfg.boundary, load_run_tokenizer(cfg.boundary, run_dir))
-    return ByteUNet(cfg.model, router.set_parts(cfg.chunker, cfg.dechunker))
+    return ByteUNet(cfg.model, router, cfg.chunker, cfg.dechunker)
 
 
 def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:

@@ -31,7 +31,7 @@ from ..model.unet import unet_builder
 from ..registry import MethodSpec, register
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep
 from ..errors import RltokError
-from ..objectives import whitespace_mask
+from ..text import whitespace_mask
 
 
 def exact_count_boundaries(noise: Tensor, valid: Tensor, rate: float) -> Tensor:

@@ -31,8 +31,7 @@ from ..model.unet import ByteUNet, unet_builder
 from ..registry import MethodSpec, register
 from .base import BoundaryModule, BoundaryOutput, BoundaryStep, LossContext, bernoulli_entropy, bernoulli_log_prob
 from ..flops import unet_flops
-from ..model.stage import ChunkStage
-from ..objectives import whitespace_mask
+from ..text import whitespace_mask
 from ..rates import parse_schedule
 
 
@@ -58,9 +57,13 @@ class PolicyConfig(BoundaryConfig):
     # batch: one rate controller over the batch (the paper); document: one per document, so each
     # document is held at the target rate (equal compression everywhere; issue 16)
     rate_scope: str = "batch"
-    # > 0: add flop_price * FLOPs/byte at the expected rate, relative to FLOPs/byte at target_rate,
-    # to the loss (nats per byte per unit of relative compute): the policy prices its own rate
+    # > 0: the policy pays flop_price nats per byte per unit of training FLOPs per byte relative to
+    # those at target_rate (the model's FLOP curve), where flop_price_in says: reward (each decided
+    # boundary costs flop_price x its marginal relative FLOPs in its REINFORCE return, so a
+    # boundary is kept where it lowers the loss by more than it costs) or loss (the relative FLOPs
+    # at the expected rate added to the loss, differentiable; format <= 10 runs: this one)
     flop_price: float = 0.0
+    flop_price_in: str = "reward"
     # boundaries given, not decided, at these bytes ("", "newline", "whitespace"): forced to 1
     # and left out of the estimator (the authors' prescribed boundaries)
     prescribed: str = ""
@@ -121,6 +124,8 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.rate_scope=document needs boundary.rate_loss=logit_shift or hinge")
         if not (0.0 <= self.flop_price < 1e6):
             raise RltokError(f"boundary.flop_price={self.flop_price} must be >= 0")
+        if self.flop_price_in not in ("reward", "loss"):
+            raise RltokError(f"boundary.flop_price_in={self.flop_price_in!r} must be reward or loss")
         if self.prescribed not in ("", "newline", "whitespace"):
             raise RltokError(f"boundary.prescribed={self.prescribed!r} must be '', newline or whitespace")
         if self.warm_start_bytes < 0:
@@ -414,6 +419,13 @@ class BoundaryPolicy(BoundaryModule):
         reducer = ctx.all_reduce_sum if cfg.baseline_scope == "global" else None
         adv = est.batch_relative(r, mask, cfg.baseline, cfg.baseline_group, reducer)
         G = est.discounted_reward_to_go(adv, cfg.gamma, cfg.return_block)
+        price = None
+        if cfg.flop_price > 0 and cfg.flop_price_in == "reward":
+            # each decided boundary's own cost, credited to that decision alone (a later boundary's
+            # cost does not depend on an earlier decision), baseline-subtracted as the reward is
+            price = cfg.flop_price * self.marginal_relative_flops(out.probs.detach()[ctx.valid].mean())
+            cost = price * (out.hard.detach().float() * out.decided)
+            G = G + est.batch_relative(-cost, mask, cfg.baseline, cfg.baseline_group, reducer)
         rho = None
         if self.behaviour:
             # off-policy warm start: weight each decision by pi(b) / pi_off(b), clipped
@@ -462,8 +474,22 @@ class BoundaryPolicy(BoundaryModule):
         if cfg.flop_price > 0:
             cost = self.relative_flops(pbar)
             stats["relative_flops"] = cost.detach()
-            loss = loss + cfg.flop_price * cost
+            if price is None:
+                loss = loss + cfg.flop_price * cost
+            else:
+                stats["boundary_price"] = price.detach()
         return loss, stats
+
+    def marginal_relative_flops(self, rate: Tensor) -> Tensor:
+        """What one more boundary costs: d(FLOPs per byte)/d(rate) at ``rate`` over FLOPs per byte
+        at target_rate. A sequence of S bytes with one more boundary runs at rate + 1/S, so its
+        FLOPs grow by S x (b + 2 c rate) / S: this, in units of the FLOPs of one byte at r*."""
+        if self.flop_curve is None:
+            raise RltokError("boundary.flop_price needs the model's FLOP curve (build the model with "
+                             "rltok.run.build_model)")
+        a, b, c = self.flop_curve
+        r0 = self.cfg.target_rate
+        return (b + 2 * c * rate) / (a + b * r0 + c * r0 * r0)
 
     def relative_flops(self, rate: Tensor) -> Tensor:
         """Training FLOPs per byte at ``rate`` over those at target_rate (differentiable in rate),
@@ -478,10 +504,10 @@ class BoundaryPolicy(BoundaryModule):
 
 def build_policy_unet(cfg, run_dir=None):
     """The rl U-Net; with boundary.flop_price its policy gets the model's FLOPs-per-byte curve.
-    With model.stages=2 its main network is an inner stage with a second policy of its own
-    (rltok/model/stage.py): the same estimator at r* = boundary.inner_target_rate."""
-    if cfg.model.stages == 2:
-        return _two_stage_unet(cfg)
+    With model.stages = N > 1 every level below the bytes has a policy of its own over the chunks
+    of the level above (rltok/model/stage.py): the same estimator at r* = boundary.inner_target_rate."""
+    if cfg.model.stages > 1:
+        return _multi_stage_unet(cfg)
     model = unet_builder(BoundaryPolicy)(cfg, run_dir)
     if cfg.boundary.flop_price > 0:
         # exact: FLOPs/byte is quadratic in the rate (main-network attention over r S chunks)
@@ -491,9 +517,8 @@ def build_policy_unet(cfg, run_dir=None):
     return model
 
 
-def _two_stage_unet(cfg):
+def _multi_stage_unet(cfg):
     import dataclasses
-
 
     bc = cfg.boundary
     unsupported = {"boundary.flop_price": 0.0, "boundary.prescribed": "", "boundary.warm_start_bytes": 0,
@@ -501,11 +526,11 @@ def _two_stage_unet(cfg):
     for key, default in unsupported.items():
         section, name = key.split(".")
         if getattr(getattr(cfg, section), name) != default:
-            raise RltokError(f"model.stages=2 does not support {key}={getattr(getattr(cfg, section), name)!r} "
-                             f"(leave it at {default!r})")
+            raise RltokError(f"model.stages={cfg.model.stages} does not support {key}="
+                             f"{getattr(getattr(cfg, section), name)!r} (leave it at {default!r})")
     inner_cfg = dataclasses.replace(bc, target_rate=bc.inner_target_rate)
-    inner = ChunkStage(cfg.model, BoundaryPolicy(cfg.model, inner_cfg).set_parts(cfg.chunker, cfg.dechunker))
-    return ByteUNet(cfg.model, BoundaryPolicy(cfg.model, bc).set_parts(cfg.chunker, cfg.dechunker), inner=inner)
+    return ByteUNet(cfg.model, lambda level: BoundaryPolicy(cfg.model, bc if level == 0 else inner_cfg),
+                    cfg.chunker, cfg.dechunker)
 
 
 register(MethodSpec(
@@ -513,7 +538,7 @@ register(MethodSpec(
     config_cls=PolicyConfig,
     build=build_policy_unet,
     description="learned boundary policy trained with REINFORCE (the paper's method)",
-    stages=2,
+    stages=8,  # any depth the sequence length supports (model.stages)
     # the paper's policy (w = 8, logit scale 1/16; spec 2.1) on the paper's sizes; the tiny preset
     # keeps the fast-learning defaults (w = 1, scale 1), see docs/methods.md "Fast-learning vs paper-faithful"
     # the tiny preset zero-initialises the policy head (every byte starts at p = r*): it found the

@@ -96,24 +96,23 @@ def parse_size(text: str) -> int:
     return int(v)
 
 
-def positive_int(text: str) -> int:
+def _int_in(text: str, lo: int, hi: int | None = None) -> int:
+    """An integer in [lo, hi) from the command line, or argparse's one-line error."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    if v < lo or (hi is not None and v >= hi):
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= {lo}" if hi is None else f"{text!r} must be in [{lo}, 2**63)")
     return v
+
+
+def positive_int(text: str) -> int:
+    return _int_in(text, 1)
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return v
+    return _int_in(text, 0)
 
 
 def positive_float(text: str) -> float:
@@ -128,13 +127,7 @@ def positive_float(text: str) -> float:
 
 def seed_arg(text: str) -> int:
     """A seed: an integer in [0, 2**63) (numpy's generators take no negative seeds)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if not 0 <= v < 2 ** 63:
-        raise argparse.ArgumentTypeError(f"{text!r} must be in [0, 2**63)")
-    return v
+    return _int_in(text, 0, 2 ** 63)
 
 
 def device_arg(text: str) -> str:

@@ -40,7 +40,7 @@ from ..signals import StopRequest
 from ..errors import RltokError
 from .corpus import auto_val_docs
 from .prepared import FORMAT, MANIFEST, SPLITS, read_manifest
-from .. import __version__
+from ..version import __version__
 from .builtin import BUILTINS, load_builtin
 from .sources import expand_paths, read_file
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from ..flops import (ATTN_FLOPS_PER_KEY_DIM, FlopCount, flat_flops, mean_causal_keys, reference_unet_flops,
-                     reference_unet_params, solve_hidden, training_flops_per_byte)
+from .reference import reference_unet_flops, reference_unet_params, size_to_flops
+from ..flops import FlopCount, flat_flops, mean_causal_keys, solve_hidden, training_flops_per_byte
 from ..objectives import LN2, ScoreOutput, StepLoss, per_position_ce, score, training_loss
 from ..registry import MethodSpec, register
 from ..schema import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
@@ -31,14 +31,8 @@ def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:
 
     bc, d = cfg.flat, cfg.model.d_model
     if bc.match == "flops":
-        target = reference_unet_flops(cfg).per_byte
-        head = 6 * d * N_OUTPUT_IDS
-        attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(cfg.model.seq_len, bc.window or None)
-        per_layer_4d = 6 * (4 * d * d + 3 * d * 4 * d) + attn
-        layers = bc.n_layers or max(1, round((target - head) / per_layer_4d))
-        if bc.mlp_hidden:
-            return layers, bc.mlp_hidden
-        return layers, solve_hidden(target, head + layers * (6 * 4 * d * d + attn), 6 * 3 * d * layers)
+        return size_to_flops(reference_unet_flops(cfg).per_byte, d, N_OUTPUT_IDS,
+                             mean_causal_keys(cfg.model.seq_len, bc.window or None), bc.n_layers, bc.mlp_hidden)
     target = reference_unet_params(cfg)
     fixed = flat_params(N_INPUT_IDS, N_OUTPUT_IDS, d, 0, 0)
     per_layer_4d = flat_params(0, 0, d, 1, 4 * d)

@@ -40,8 +40,8 @@ from torch import Tensor, nn
 
 from ..bpe import encode_many, load_run_tokenizer, prepare_tokenizer
 from ..errors import RltokError
-from ..flops import (ATTN_FLOPS_PER_KEY_DIM, FlopCount, flat_flops, mean_causal_keys, reference_unet_flops,
-                     solve_hidden, training_flops_per_byte)
+from .reference import reference_unet_flops, size_to_flops
+from ..flops import FlopCount, flat_flops, mean_causal_keys, training_flops_per_byte
 from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_position_ce, score, training_loss
 from ..registry import MethodSpec, register
 from ..schema import BOS, PAD, BoundaryConfig, RunConfig
@@ -55,14 +55,7 @@ def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int
     """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
     bc, d, S = cfg.flat, cfg.model.d_model, cfg.model.seq_len
     target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
-    head = 6 * d * (vocab + 1)
-    attn = ATTN_FLOPS_PER_KEY_DIM * d * mean_causal_keys(token_rate * S)
-    per_layer_4d = 6 * (4 * d * d + 3 * d * 4 * d) + attn
-    layers = bc.n_layers or max(1, round((target - head) / per_layer_4d))
-    if bc.mlp_hidden:
-        return layers, bc.mlp_hidden
-    hidden = solve_hidden(target, head + layers * (6 * 4 * d * d + attn), 6 * 3 * d * layers)
-    return layers, hidden
+    return size_to_flops(target, d, vocab + 1, mean_causal_keys(token_rate * S), bc.n_layers, bc.mlp_hidden)
 
 
 def _vocab_and_rate(cfg: RunConfig, tok) -> tuple[int, float]:

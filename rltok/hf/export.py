@@ -14,7 +14,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..run import method_files
+from ..run import method_files  # up a layer: hf/ holds the format run.py reads; this writer sits above both
 from .bundle import AUTO_MAP, GLUE, bundle_files, check_exportable, flat_name, run_config_dict, write_code
 from .configuration_rltok import RltokConfig
 from .modeling_rltok import RltokForCausalLM
@@ -46,7 +46,7 @@ def save_for_transformers(model: nn.Module, save_directory: str | Path, *, bound
     ``boundary_mode`` (greedy by default; an :class:`RltokForCausalLM`'s own by default) goes
     into the config. Of an :class:`RltokForCausalLM`'s config only ``boundary_mode`` and
     ``method_files`` are kept (its ``save_pretrained`` writes the whole config, and the code)."""
-    from ..hub import _save
+    from ..hub import _save  # up a layer, at call time: an export is written through the hub
 
     files = None
     if isinstance(model, RltokForCausalLM):

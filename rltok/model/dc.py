@@ -1,8 +1,8 @@
 """The parts a stage chunks and dechunks with (cf. H-Net's ``hnet/modules/dc.py``): a *chunker*
 makes each chunk's vector from its positions, a *dechunker* hands each chunk's output back to the
-positions that read it. A boundary method is a router (its ``BoundaryModule``) plus one chunker and
-one dechunker (``BoundaryModule.chunker`` / ``.dechunker``); the U-Net and its inner stage call
-them, never a method's own pooling.
+positions that read it. A stage owns its router, its chunker and its dechunker as siblings
+(model/stage.py); :func:`make_parts` builds the two parts a router declares it works with, from the
+run's chunker.* and dechunker.* options. A stage calls them, never a method's own pooling.
 
 Each part is a parameter-free ``nn.Module`` with ``forward`` (whole sequences), ``step`` (one new
 position per row, for cached decoding) and what a prefill hands decoding (``prefill_state`` /
@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import RltokError
+from ..schema import ChunkerConfig, DechunkerConfig
 from .chunking import Chunks, gather_up, mean_pool, select
 
 P_MIN = 1e-4  # H-Net's clamp of the EMA weights
@@ -142,6 +144,23 @@ class EMASmooth(AddLatest):
 
     def prefill_pending(self, zhat: Tensor, out, chunks: Chunks, last: Tensor) -> Tensor:
         return super().prefill_pending(self._smoothed(zhat, out, chunks), out, chunks, last)
+
+
+def make_parts(router: nn.Module, chunker: ChunkerConfig | None = None,
+               dechunker: DechunkerConfig | None = None) -> tuple[nn.Module, "AddLatest"]:
+    """The chunker and dechunker of a stage whose router is ``router``, from the chunker.* and
+    dechunker.* options (None: the defaults): the pool the options name, if the router supports it
+    (``router.pools``; the first is its own), its straight-through gradient (Nawrot's), and the
+    router's dechunker, add (:class:`AddLatest`) or ema (:class:`EMASmooth`)."""
+    chunker, dechunker = chunker or ChunkerConfig(), dechunker or DechunkerConfig()
+    pool = chunker.pool or router.pools[0]
+    if pool not in router.pools:
+        raise RltokError(f"chunker.pool={pool!r}: method {router.name!r} pools by {' or '.join(router.pools)}")
+    chunk = SelectLast() if pool == "last" else MeanPool(straight_through=router.straight_through_pool)
+    deviation = dechunker.upsample == "deviation"
+    dechunk = (AddLatest(deviation=deviation) if router.dechunk == "add"
+               else EMASmooth(deviation=deviation, block=dechunker.scan_block))
+    return chunk, dechunk
 
 
 # -- H-Net's EMA as a parallel scan ----------------------------------------------------------------

@@ -2,21 +2,37 @@
 in the manner of ``huggingface_hub.PyTorchModelHubMixin``; the work is ``rltok.hub``'s.
 
 ``rltok.hub`` sits above the models: saving needs the run layout, loading needs the methods
-registry, which imports every model. So the model classes name it at call time
-(``importlib.import_module``), the one place where a model reaches up a layer, and they import
-nothing of it when they are defined.
+registry, which imports every model. So no model module imports it: the package root
+(``rltok/__init__.py``, which every import of rltok runs first) hands this module a function that
+loads it (:func:`provide`), and the methods below call that at call time. The same holds for
+``ByteUNet.generate`` (``rltok.generate``, the sampling loop above the model).
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
+from types import ModuleType
+from typing import Callable
 
 from ..errors import RltokError
 
+_providers: dict[str, Callable[[], ModuleType]] = {}
 
-def _hub():
-    return importlib.import_module("rltok.hub")
+
+def provide(name: str, load: Callable[[], ModuleType]) -> None:
+    """Set the function that returns the module ``rltok.<name>`` (the package root calls it)."""
+    _providers[name] = load
+
+
+def upper(name: str) -> ModuleType:
+    """The module ``rltok.<name>`` from above the models (``hub``, ``generate``)."""
+    if name not in _providers:
+        raise RltokError(f"rltok.{name} is not loaded (the rltok package provides it when imported)")
+    return _providers[name]()
+
+
+def _hub() -> ModuleType:
+    return upper("hub")
 
 
 class HubMixin:

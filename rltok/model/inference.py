@@ -10,23 +10,23 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from ..boundaries.base import BoundaryStep, select_rows
 from .layers import KVCache
+from .router import BoundaryStep
+from .stage import StageState
 
 
 @dataclass
 class InferenceState:
-    """Everything a U-Net needs to continue a batch of sequences one byte at a time. The
-    tensors' first axis is the batch; :meth:`step` updates the state in place."""
+    """Everything a U-Net needs to continue a batch of sequences one byte at a time: the
+    byte-level stage's state (and, inside it, every deeper level's). The tensors' first axis is
+    the batch; ``ByteUNet.step`` updates the state in place."""
 
-    encoder: list[KVCache]  # ring caches, one per encoder layer
-    main: list[KVCache]  # growing caches over chunks, one per main layer
-    decoder: list[KVCache]  # ring caches, one per decoder layer
-    boundary: Any  # the boundary method's decoding state (see BoundaryModule.step)
-    pending: Tensor  # (B, d): zhat of the most recent chunk
-    pos: Tensor  # (B,) long: position of the next byte to consume
-    inner: Any = None  # model.stages=2: the inner stage's StageState (rltok/model/stage.py)
-    chunker: Any = None  # the chunker's decoding state (model/dc.py; None for SelectLast)
+    stage: StageState
+
+    @property
+    def pos(self) -> Tensor:
+        """(B,) long: position of the next byte to consume."""
+        return self.stage.count
 
     @property
     def batch_size(self) -> int:
@@ -34,29 +34,23 @@ class InferenceState:
 
     @property
     def chunks(self) -> Tensor:
-        """(B,) chunks so far per row."""
-        if self.inner is not None:
-            return self.inner.count
-        return self.main[0].length if self.main else torch.zeros_like(self.pos)
+        """(B,) byte-level chunks so far per row."""
+        inner = self.stage.inner
+        if isinstance(inner, StageState):
+            return inner.count
+        return inner.caches[0].length if inner.caches else torch.zeros_like(self.pos)
 
     def select(self, rows: Tensor) -> "InferenceState":
         """The state of a subset of rows (e.g. without the finished ones)."""
-        return InferenceState(encoder=[c.select(rows) for c in self.encoder],
-                              main=[c.select(rows) for c in self.main],
-                              decoder=[c.select(rows) for c in self.decoder],
-                              boundary=select_rows(self.boundary, rows),
-                              pending=self.pending[rows], pos=self.pos[rows],
-                              inner=None if self.inner is None else self.inner.select(rows),
-                              chunker=select_rows(self.chunker, rows))
+        return InferenceState(self.stage.select(rows))
 
     def cache_bytes(self) -> dict[str, int]:
-        """Memory held: byte layers (bounded by the window), main layers (allocated and used,
-        bounded by the chunk count)."""
-        main = list(self.main)
-        if self.inner is not None:
-            main += self.inner.encoder + self.inner.main + self.inner.decoder
+        """Memory held: byte layers (bounded by the window), chunk-level layers (allocated and
+        used, bounded by the chunk count)."""
+        main = self.stage.chunk_caches()
+        byte = self.stage.encoder + self.stage.decoder
         main_used = sum(2 * c.k[0, :, 0].numel() * c.k.element_size() * int(c.length.sum()) for c in main)
-        return {"byte_layers": sum(c.nbytes() for c in self.encoder + self.decoder),
+        return {"byte_layers": sum(c.nbytes() for c in byte),
                 "main_allocated": sum(c.nbytes() for c in main), "main_used": main_used}
 
 

@@ -1,166 +1,320 @@
-"""The inner stage of a two-stage U-Net (``model.stages=2``): where the one-stage U-Net runs its
-main network over the chunks, a two-stage one runs this, a U-Net stage over the chunks.
+"""One U-Net stage, recursive (cf. H-Net's ``hnet/models/hnet.py``): a stage is encoder layers, a
+router, a chunker, an inner part that is either another :class:`Stage` or the
+:class:`MainNetwork`, a dechunker and decoder layers. The router, chunker and dechunker are
+siblings owned by the stage (model/router.py, model/dc.py)::
 
-    z (outer chunks, B x M) -> encoder (causal attention over chunks) -> y
-    y -> router (its own REINFORCE policy; r* = boundary.inner_target_rate per outer chunk) -> b2
-    y, b2 -> select -> z2 (inner chunks) -> main network -> zhat2
-    y + zhat2[c_up] -> decoder -> zhat (what each outer chunk hands back to its bytes)
+    x (B, L, d) at byte positions (L,) or (B, L)       level 0: the byte embeddings
+    x -> encoder -> h                                   level 0: sliding-window byte layers
+    h -> router -> b;  h, b -> chunker -> z (B, M, d)   chunks at their last position's byte position
+    z -> inner (Stage or MainNetwork) -> zin
+    zhat = what each chunk hands back (zin, or zin - z)
+    h, zhat, b -> dechunker -> u -> decoder -> y        y: the stage's output per position
 
-The index arithmetic is the byte level's (``model/chunking.py``) on the chunk axis: inner chunk
-k ends at outer chunk q_k and its output is first used at q_k, so, as one level down, causality
-needs no shift. RoPE positions are byte positions throughout: outer chunk m sits at its last
-byte p_m, inner chunk k at p_{q_k}.
+A :class:`~rltok.model.unet.ByteUNet` is the byte embedding, one stage and the heads; ``model.stages``
+is its depth. The index arithmetic is the same at every level (``model/chunking.py``) on the
+level's own axis: chunk c ends at position p_c and its output is first used at p_c itself, so
+causality needs no shift. RoPE positions are byte positions at every level: a chunk sits at its
+last byte.
 
-``skip`` is the exit that skips the stage: y itself, before router, main network and decoder.
-The outer decoder run on it gives the inner router's reward baseline, as the early exit does for
-the outer router (``objectives.unet_training_loss``; the estimator for two levels is in
-docs/two_stage.md).
+``h`` is also the exit that skips the stage: an outer stage's decoder run on it (instead of this
+stage's output) gives this stage's router its reward baseline, as the early exit does for the byte
+router (``objectives``; docs/two_stage.md). ``skips`` carries those predictions up, one per level
+below.
 
-Decoding: :meth:`ChunkStage.step` consumes one outer chunk per row for the rows whose outer chunk
-closed, with its own caches (:class:`StageState`), exactly as ``ByteUNet.step`` consumes bytes.
+Decoding: :meth:`Stage.step` consumes one position per row (the rows ``rows`` of the state; at
+level 0 every row, one byte each) with its own caches (:class:`StageState`); a chunk that closes
+runs the inner part for those rows only. ``allocate_inference_cache`` is the state of an empty
+prefix; :meth:`Stage.prefill_state` the state after a forward pass that recorded its keys/values.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
 
-from ..boundaries.base import BoundaryModule, BoundaryOutput, assign_rows, select_rows
-from ..schema import ModelConfig
 from .chunking import Chunks, chunk_indices
-from .layers import Block, KVCache, rope_angles
+from .layers import Block, KVCache, PackedRows, rope_angles
+from .router import BoundaryOutput, BoundaryStep, Router, RouterState, assign_rows, select_rows
 
-# on_kv(stage, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
-# stage is "encoder", "main", "decoder" or, two stages, "inner.encoder", "inner.main",
-# "inner.decoder". Used by the prefill of incremental decoding.
+# on_kv(name, layer, k, v): receives each attention layer's rotated keys/values (B, H, T, hd);
+# name is "encoder", "main" or "decoder", with "inner." once per level below the first (the
+# prefill of incremental decoding reads them)
 KVRecorder = Callable[[str, int, Tensor, Tensor], None]
 
 
+def layer_hook(on_kv: KVRecorder | None, name: str, i: int):
+    return None if on_kv is None else (lambda k, v: on_kv(name, i, k, v))
+
+
+def _rope(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    return rope_angles(positions, head_dim, theta)
+
+
+def _gather_positions(positions: Tensor, index: Tensor) -> Tensor:
+    """The byte positions (B, M) of the entries ``index`` (B, M) of an axis whose byte positions
+    are ``positions``: (L,) shared by every row (the byte axis) or (B, L)."""
+    return positions[index] if positions.dim() == 1 else positions.gather(1, index)
+
+
+# -- the innermost part --------------------------------------------------------------------------
+
+@dataclass
+class MainState:
+    """Decoding state of the main network: growing caches over its chunks, one per layer."""
+
+    caches: list[KVCache]
+
+    def select(self, rows: Tensor) -> "MainState":
+        return MainState([c.select(rows) for c in self.caches])
+
+
+class MainNetwork(nn.Module):
+    """Full causal attention over the innermost chunks."""
+
+    def __init__(self, layers: nn.ModuleList, head_dim: int, rope_theta: float):
+        super().__init__()
+        self.layers = layers
+        self.head_dim, self.rope_theta = head_dim, rope_theta
+
+    def forward(self, z: Tensor, positions: Tensor, *, valid: Tensor | None = None, packed: int | None = None,
+                on_kv: KVRecorder | None = None, name: str = "main") -> Tensor:
+        """z (B, M, d) at byte ``positions`` (B, M). With ``valid`` (B, M), the position-wise
+        layers run on the real chunks only (:class:`PackedRows`, ``packed`` rows when static);
+        padding chunks come out as zeros (nothing reads them: causal attention, and positions take
+        their row's real chunks)."""
+        cos, sin = _rope(positions, self.head_dim, self.rope_theta)
+        if valid is None or on_kv is not None:  # the prefill records padded keys/values
+            for i, blk in enumerate(self.layers):
+                z = blk(z, cos, sin, layer_hook(on_kv, name, i))
+            return z
+        rows = PackedRows.of(valid, size=packed)
+        x = rows.pack(z)
+        for blk in self.layers:
+            x = blk(x, cos, sin, rows=rows)
+        return rows.unpack(x)
+
+    def prefill_state(self, kv: dict, positions: Tensor, lengths: Tensor, reserve: int, name: str) -> MainState:
+        return MainState([KVCache.from_prefill(*kv[name, i], positions, lengths, None, reserve)
+                          for i in range(len(self.layers))])
+
+    def step(self, z: Tensor, pos: Tensor, state: MainState, rows: Tensor) -> Tensor:
+        """One new chunk for each of the batch ``rows`` (n,): z (n, 1, d) at byte positions ``pos``."""
+        cos, sin = _rope(pos[:, None], self.head_dim, self.rope_theta)
+        for blk, c in zip(self.layers, state.caches):
+            z = blk.step(z, cos, sin, c, pos, rows)
+        return z
+
+
+# -- a stage ---------------------------------------------------------------------------------------
+
 @dataclass
 class StageOutput:
-    zhat: Tensor  # (B, M, d): the stage's output per outer chunk
-    skip: Tensor  # (B, M, d): the encoder output y, the exit that skips the stage
-    boundary: BoundaryOutput  # (B, M): the router's decisions over the outer chunks
-    chunks: Chunks  # inner chunks, indexing the outer chunk axis
-    inner_zhat: Tensor  # (B, M2, d): what each inner chunk hands back (decoding's pending value)
+    y: Tensor  # (B, L, d): the stage's output per position (its decoder's)
+    h: Tensor  # (B, L, d): its encoder output (the router reads it; the exit that skips the stage)
+    boundary: BoundaryOutput  # (B, L): the router's decisions
+    chunks: Chunks  # this stage's chunks, indexing its axis
+    zhat: Tensor  # (B, M, d): what each chunk hands back (decoding's pending value)
+    inner: "StageOutput | None" = None  # the next level's output, when the inner part is a stage
+    # this stage's output with a level below skipped (that level's router's reward baseline),
+    # one entry per level below (next level first); None where that router does not ask for it
+    skips: list[Tensor | None] = field(default_factory=list)
+
+    @property
+    def levels(self) -> list["StageOutput"]:
+        """This stage's output and every deeper one's, outer first."""
+        return [self] + ([] if self.inner is None else self.inner.levels)
 
 
 @dataclass
 class StageState:
-    """Decoding state of the inner stage; the first axis is the batch."""
+    """Decoding state of a stage; the first axis of every tensor is the batch."""
 
-    encoder: list[KVCache]  # growing caches over outer chunks
-    main: list[KVCache]  # growing caches over inner chunks
-    decoder: list[KVCache]  # growing caches over outer chunks
-    boundary: Any  # the router's decoding state
-    pending: Tensor  # (B, d): output of the most recent inner chunk
-    count: Tensor  # (B,) long: outer chunks consumed (the router's position on its axis)
-    chunker: Any = None  # the router's chunker's decoding state
+    encoder: list[KVCache]  # ring caches (byte level, windowed) or growing caches
+    router: RouterState  # the router's decoding state (Router.step)
+    chunker: RouterState  # the chunker's (model/dc.py; None for SelectLast)
+    inner: "StageState | MainState"
+    decoder: list[KVCache]
+    pending: Tensor  # (B, d): what the most recent chunk hands back
+    count: Tensor  # (B,) long: positions consumed on this stage's axis (level 0: bytes)
 
     def select(self, rows: Tensor) -> "StageState":
-        return StageState(encoder=[c.select(rows) for c in self.encoder], main=[c.select(rows) for c in self.main],
-                          decoder=[c.select(rows) for c in self.decoder],
-                          boundary=select_rows(self.boundary, rows), pending=self.pending[rows],
-                          count=self.count[rows], chunker=select_rows(self.chunker, rows))
+        return StageState(encoder=[c.select(rows) for c in self.encoder], router=select_rows(self.router, rows),
+                          chunker=select_rows(self.chunker, rows), inner=self.inner.select(rows),
+                          decoder=[c.select(rows) for c in self.decoder], pending=self.pending[rows],
+                          count=self.count[rows])
+
+    @property
+    def levels(self) -> list["StageState"]:
+        return [self] + (self.inner.levels if isinstance(self.inner, StageState) else [])
+
+    def chunk_caches(self) -> list[KVCache]:
+        """Every cache over chunks: the inner part's, at every level below this one."""
+        if isinstance(self.inner, MainState):
+            return list(self.inner.caches)
+        return self.inner.encoder + self.inner.decoder + self.inner.chunk_caches()
 
 
-def layer_hook(on_kv: KVRecorder | None, stage: str, i: int):
-    return None if on_kv is None else (lambda k, v: on_kv(stage, i, k, v))
-
-
-class ChunkStage(nn.Module):
-    def __init__(self, cfg: ModelConfig, router: BoundaryModule):
+class Stage(nn.Module):
+    def __init__(self, level: int, encoder: nn.ModuleList, router: Router, chunker: nn.Module,
+                 dechunker: nn.Module, inner: "Stage | MainNetwork", decoder: nn.ModuleList,
+                 head_dim: int, rope_theta: float, window: int | None, chunk_pad_multiple: int):
         super().__init__()
-        self.cfg = cfg
-        d, h, eps = cfg.d_model, cfg.n_heads, cfg.norm_eps
-        hidden = max(1, int(round(d * cfg.main_mlp_ratio)))
-        self.encoder = nn.ModuleList(Block(d, h, hidden, None, eps) for _ in range(cfg.inner_enc_layers))
-        self.boundary = router
-        self.main = nn.ModuleList(Block(d, h, hidden, None, eps) for _ in range(cfg.main_layers))
-        self.decoder = nn.ModuleList(Block(d, h, hidden, None, eps) for _ in range(cfg.inner_dec_layers))
+        # registration order (encoder, router, inner, decoder) is the parameters' order, which
+        # optimizer states and the initialisation from a seed follow
+        self.encoder = encoder
+        self.router = router
+        self.chunker, self.dechunker = chunker, dechunker  # parameter-free
+        self.inner = inner
+        self.decoder = decoder
+        self.level = level
+        self.name = "inner." * level  # the prefix of its keys/values' names (KVRecorder)
+        self.head_dim, self.rope_theta = head_dim, rope_theta
+        self.window, self.chunk_pad_multiple = window, chunk_pad_multiple
 
-    def _rope(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        return rope_angles(positions, self.cfg.d_model // self.cfg.n_heads, self.cfg.rope_theta)
+    @property
+    def depth(self) -> int:
+        return 1 + (self.inner.depth if isinstance(self.inner, Stage) else 0)
 
-    def forward(self, z: Tensor, positions: Tensor, valid: Tensor, *, noise: Tensor | None = None,
-                fixed: Tensor | None = None, mode: str = "sample",
-                on_kv: KVRecorder | None = None) -> StageOutput:
-        """z (B, M, d) outer chunk vectors at byte ``positions`` (B, M), ``valid`` (B, M) real
-        chunks; ``noise`` (B, M) the router's uniforms, ``fixed`` (B, M) imposed decisions."""
-        cos, sin = self._rope(positions)
-        y = z
+    @property
+    def stages(self) -> list["Stage"]:
+        """This stage and every deeper one, outer first."""
+        return [self] + (self.inner.stages if isinstance(self.inner, Stage) else [])
+
+    @property
+    def main(self) -> MainNetwork:
+        return self.inner.main if isinstance(self.inner, Stage) else self.inner
+
+    def _wants_skip(self) -> bool:
+        """Whether this stage's router takes the skip exit's prediction as its reward baseline."""
+        return getattr(self.router.cfg, "inner_baseline", "skip") == "skip"
+
+    def forward(self, x: Tensor, positions: Tensor, valid: Tensor, *, ids: Tensor | None = None,
+                noise: Tensor | None = None, fixed: Sequence[Tensor | None] = (), mode: str = "sample",
+                on_kv: KVRecorder | None = None, row_cap: int | None = None,
+                packed: int | None = None) -> StageOutput:
+        """x (B, L, d) at byte ``positions`` ((L,) or (B, L)), ``valid`` (B, L) real positions;
+        ``ids`` (B, L) the input bytes (level 0; chunks have none). ``noise`` (B, L): the router's
+        uniforms (the deeper routers' are read off them: :func:`inner_noise`); ``fixed``: imposed
+        decisions, this level's first, then the deeper levels' (missing or None: decided).
+        ``row_cap``/``packed``: static chunk shapes (rltok/model/static.py)."""
+        cos, sin = _rope(positions, self.head_dim, self.rope_theta)
+        h = self._encode(x, cos, sin, on_kv)
+        if ids is None:
+            ids = torch.zeros(valid.shape, dtype=torch.long, device=x.device)  # chunks have no byte id
+        imposed = fixed[0] if fixed else None
+        bo = self.router(h, ids, valid=valid, noise=noise, fixed=imposed, mode=mode)
+        ch = chunk_indices(bo.b, self.chunk_pad_multiple, cap=row_cap)
+        z = self.router.adjust_chunks(self.chunker(h, bo, ch))
+        zpos = _gather_positions(positions, ch.positions)
+        inner = None
+        if isinstance(self.inner, Stage):
+            inner = self.inner(z, zpos, ch.valid, noise=inner_noise(noise, bo, ch, mode, fixed=imposed is not None),
+                               fixed=fixed[1:], mode=mode, on_kv=on_kv)
+            zin = inner.y
+        else:
+            zin = self.inner(z, zpos, valid=ch.valid, packed=packed, on_kv=on_kv,
+                             name=self.name + "main")
+        zhat = self.dechunker.chunk_output(zin, z)
+        y = self._decode(self.dechunker(h, zhat, bo, ch), cos, sin, on_kv)
+        skips: list[Tensor | None] = []
+        if inner is not None and self.training:
+            # the reward baselines of the routers below: this stage's output with a level
+            # skipped (forward only: a baseline needs no gradient)
+            with torch.no_grad():
+                below = [inner.h if self.inner._wants_skip() else None] + inner.skips
+                skips = [None if s is None else self._decode(self.dechunker(h, self.dechunker.chunk_output(s, z), bo, ch),
+                                                             cos, sin) for s in below]
+        return StageOutput(y=y, h=h, boundary=bo, chunks=ch, zhat=zhat, inner=inner, skips=skips)
+
+    def encode(self, x: Tensor, positions: Tensor) -> Tensor:
+        """The encoder's output h (what the router reads) for x at byte ``positions``."""
+        return self._encode(x, *_rope(positions, self.head_dim, self.rope_theta))
+
+    def _encode(self, x: Tensor, cos: Tensor, sin: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
         for i, blk in enumerate(self.encoder):
-            y = blk(y, cos, sin, layer_hook(on_kv, "inner.encoder", i))
-        no_ids = torch.zeros(valid.shape, dtype=torch.long, device=z.device)  # chunks have no byte id
-        bo = self.boundary(y, no_ids, valid=valid, noise=noise, fixed=fixed, mode=mode)
-        ch = chunk_indices(bo.b, self.cfg.chunk_pad_multiple)
-        z2 = self.boundary.downsample(y, bo, ch)
-        c2, s2 = self._rope(positions.gather(1, ch.positions))
-        x = z2
-        for i, blk in enumerate(self.main):
-            x = blk(x, c2, s2, layer_hook(on_kv, "inner.main", i))
-        zhat2 = self.boundary.chunk_output(x, z2)
-        u = self.boundary.upsample(y, zhat2, bo, ch)
-        for i, blk in enumerate(self.decoder):
-            u = blk(u, cos, sin, layer_hook(on_kv, "inner.decoder", i))
-        return StageOutput(zhat=u, skip=y, boundary=bo, chunks=ch, inner_zhat=zhat2)
+            x = blk(x, cos, sin, layer_hook(on_kv, self.name + "encoder", i))
+        return x
 
-    def prefill_state(self, out: StageOutput, kv: dict, positions: Tensor, n_outer: Tensor,
-                      reserve: int) -> StageState:
-        """The decoding state after the first ``n_outer[r]`` outer chunks of row r, from a forward
-        pass that recorded its keys/values in ``kv`` (keys ("inner.encoder", i), ...)."""
+    def _decode(self, u: Tensor, cos: Tensor, sin: Tensor, on_kv: KVRecorder | None = None) -> Tensor:
+        for i, blk in enumerate(self.decoder):
+            u = blk(u, cos, sin, layer_hook(on_kv, self.name + "decoder", i))
+        return u
+
+    # -- decoding ----------------------------------------------------------------------------------
+    def prefill_state(self, out: StageOutput, kv: dict, positions: Tensor, lengths: Tensor, *,
+                      ids: Tensor | None = None, reserve: int = 16) -> StageState:
+        """The decoding state after the first ``lengths[r]`` positions of row r, from a forward
+        pass ``out`` that recorded its keys/values in ``kv`` (keys (name, layer)). ``positions``
+        (B, L): byte positions of this stage's axis."""
         ch = out.chunks
-        n_inner = (ch.valid & (ch.positions < n_outer[:, None])).sum(1)
-        inner_pos = positions.gather(1, ch.positions)
-        no_ids = torch.zeros(out.boundary.hard.shape, dtype=torch.long, device=positions.device)
+        n_chunks = (ch.valid & (ch.positions < lengths[:, None])).sum(1)
+        zpos = positions.gather(1, ch.positions)
+
+        def caches(name: str, n: int) -> list[KVCache]:
+            if self.window is not None:
+                return [KVCache.from_prefill(*kv[name, i], positions, lengths, self.window) for i in range(n)]
+            return [KVCache.from_prefill(*kv[name, i], positions, lengths, None, reserve) for i in range(n)]
+
+        if ids is None:
+            ids = torch.zeros(out.boundary.hard.shape, dtype=torch.long, device=positions.device)
+        encoder = caches(self.name + "encoder", len(self.encoder))
+        if isinstance(self.inner, Stage):
+            inner = self.inner.prefill_state(out.inner, kv, zpos, n_chunks, reserve=reserve)
+        else:
+            inner = self.inner.prefill_state(kv, zpos, n_chunks, reserve, self.name + "main")
         return StageState(
-            encoder=[KVCache.from_prefill(*kv["inner.encoder", i], positions, n_outer, None, reserve)
-                     for i in range(len(self.encoder))],
-            main=[KVCache.from_prefill(*kv["inner.main", i], inner_pos, n_inner, None, reserve)
-                  for i in range(len(self.main))],
-            decoder=[KVCache.from_prefill(*kv["inner.decoder", i], positions, n_outer, None, reserve)
-                     for i in range(len(self.decoder))],
-            boundary=self.boundary.decode_state(out.skip, no_ids, out.boundary, n_outer),
-            pending=self.boundary.dechunker.prefill_pending(out.inner_zhat, out.boundary, ch, n_outer - 1),
-            count=n_outer.clone(),
-            chunker=self.boundary.chunker.prefill_state(out.skip, out.boundary, n_outer),
+            encoder=encoder, inner=inner, decoder=caches(self.name + "decoder", len(self.decoder)),
+            router=self.router.decode_state(out.h, ids, out.boundary, lengths),
+            pending=self.dechunker.prefill_pending(out.zhat, out.boundary, ch, lengths - 1),
+            count=lengths.clone(),
+            chunker=self.chunker.prefill_state(out.h, out.boundary, lengths),
         )
 
-    def step(self, z: Tensor, pos: Tensor, state: StageState, rows: Tensor, *, noise: Tensor | None = None,
-             mode: str = "sample", fixed: Tensor | None = None) -> tuple[Tensor, Any]:
-        """One new outer chunk for each of the batch ``rows`` (n,): ``z`` (n, 1, d) at byte
-        positions ``pos`` (n,). Returns its output (n, 1, d) and the router's step; updates
-        ``state`` in place. ``noise``/``fixed`` (n,) as for the router's ``step``."""
-        cos, sin = self._rope(pos[:, None])
-        y = z
+    def step(self, x: Tensor, pos: Tensor, state: StageState, rows: Tensor | None = None, *,
+             ids: Tensor | None = None, noise: Tensor | None = None, fixed: Tensor | None = None,
+             mode: str = "sample") -> tuple[Tensor, BoundaryStep]:
+        """One new position for each of the batch ``rows`` (n,) of ``state`` (None: every row):
+        ``x`` (n, 1, d) at byte positions ``pos`` (n,), ``ids`` (n,) its bytes (level 0).
+        ``noise``/``fixed`` (n,) as for the router's ``step`` (imposed decisions reach this level
+        only). Returns the stage's output (n, 1, d) and the router's step; updates ``state`` in
+        place."""
+        cos, sin = _rope(pos[:, None], self.head_dim, self.rope_theta)
+        h = x
         for blk, c in zip(self.encoder, state.encoder):
-            y = blk.step(y, cos, sin, c, pos, rows)
-        count = state.count[rows]
-        bs = self.boundary.step(y[:, 0], torch.zeros_like(pos), select_rows(state.boundary, rows), pos=count,
-                                noise=noise, fixed=fixed, mode=mode)
-        z_all, chunker = self.boundary.chunker.step(y[:, 0], bs.b, select_rows(state.chunker, rows))
-        state.chunker = assign_rows(state.chunker, rows, chunker)
+            h = blk.step(h, cos, sin, c, pos, rows)
+        h = h[:, 0]
+        count = state.count if rows is None else state.count[rows]
+        mine = (lambda s: s) if rows is None else (lambda s: select_rows(s, rows))
+        bs = self.router.step(h, torch.zeros_like(pos) if ids is None else ids, mine(state.router), pos=count,
+                              noise=noise, fixed=fixed, mode=mode)
+        z_all, chunker = self.chunker.step(h, bs.b, mine(state.chunker))
+        state.chunker = chunker if rows is None else assign_rows(state.chunker, rows, chunker)
         closing = bs.b.nonzero().squeeze(1)
-        if closing.numel():  # rows whose inner chunk ends at this outer chunk run the main network
-            z2 = self.boundary.adjust_chunks(z_all[closing])[:, None]
-            p2, r2 = pos[closing], rows[closing]
-            c2, s2 = self._rope(p2[:, None])
-            x = z2
-            for blk, c in zip(self.main, state.main):
-                x = blk.step(x, c2, s2, c, p2, r2)
-            x = self.boundary.chunk_output(x, z2)[:, 0].to(state.pending.dtype)
+        if closing.numel():  # only the rows that close a chunk run the inner part, for one chunk
+            z = self.router.adjust_chunks(z_all[closing])[:, None]
+            zpos, zrows = pos[closing], (closing if rows is None else rows[closing])
+            if isinstance(self.inner, Stage):
+                u_in = inner_noise_step(None if noise is None else noise[closing],
+                                        None if bs.prob is None else bs.prob[closing], (count == 0)[closing], mode,
+                                        fixed=fixed is not None)
+                zin, _ = self.inner.step(z, zpos, state.inner, zrows, noise=u_in, mode=mode)
+            else:
+                zin = self.inner.step(z, zpos, state.inner, zrows)
+            zhat = self.dechunker.chunk_output(zin, z)[:, 0].to(state.pending.dtype)
             prob = None if bs.prob is None else bs.prob[closing]
-            state.pending = state.pending.index_copy(0, r2, self.boundary.dechunker.merge(state.pending[r2], x, prob))
-        u = self.boundary.dechunker.step(y[:, 0], state.pending[rows])[:, None]
+            state.pending = state.pending.index_copy(0, zrows, self.dechunker.merge(state.pending[zrows], zhat, prob))
+        u = self.dechunker.step(h, state.pending if rows is None else state.pending[rows])[:, None]
         for blk, c in zip(self.decoder, state.decoder):
             u = blk.step(u, cos, sin, c, pos, rows)
-        state.boundary = assign_rows(state.boundary, rows, bs.state)
-        state.count = state.count.index_add(0, rows, torch.ones_like(rows))
+        state.router = bs.state if rows is None else assign_rows(state.router, rows, bs.state)
+        state.count = state.count + 1 if rows is None else state.count.index_add(0, rows, torch.ones_like(rows))
         return u, bs
 
+
+# -- the deeper routers' randomness ------------------------------------------------------------------
 
 def _rescaled(u: Tensor, p: Tensor) -> Tensor:
     """u / p, kept below 1: given u < p, a uniform on [0, 1) again."""
@@ -169,12 +323,12 @@ def _rescaled(u: Tensor, p: Tensor) -> Tensor:
 
 def inner_noise(noise: Tensor | None, bo: BoundaryOutput, chunks: Chunks, mode: str,
                 fixed: bool) -> Tensor | None:
-    """The inner router's uniforms (B, M), read off the outer router's: the uniform u_p that drew
-    the outer boundary at p_m, divided by that boundary's probability pi_p when it was sampled
-    (given b_p = 1 drawn as u_p < pi_p, u_p / pi_p is uniform on [0, 1) and independent of
-    everything else), and u_p itself where the boundary was forced or imposed. So the forward
-    pass, evaluation and cached decoding all draw both levels from the one (B, S) noise they
-    already share, and the inner draws are exact Bernoulli draws."""
+    """The next level's uniforms (B, M), read off this level's: the uniform u_p that drew the
+    boundary at p_m, divided by that boundary's probability pi_p when it was sampled (given
+    b_p = 1 drawn as u_p < pi_p, u_p / pi_p is uniform on [0, 1) and independent of everything
+    else), and u_p itself where the boundary was forced or imposed. So the forward pass,
+    evaluation and cached decoding all draw every level from the one (B, S) noise they already
+    share, and every level's draws are exact Bernoulli draws."""
     if noise is None or mode == "greedy":
         return None
     u = noise.gather(1, chunks.positions)
@@ -188,7 +342,7 @@ def inner_noise(noise: Tensor | None, bo: BoundaryOutput, chunks: Chunks, mode: 
 def inner_noise_step(noise: Tensor | None, prob: Tensor | None, forced: Tensor, mode: str,
                      fixed: bool) -> Tensor | None:
     """:func:`inner_noise` for one decoding step: ``noise``, ``prob``, ``forced`` (n,) at the
-    byte that closed the outer chunk."""
+    position that closed the chunk."""
     if noise is None or mode == "greedy":
         return None
     if fixed or prob is None:
@@ -196,18 +350,41 @@ def inner_noise_step(noise: Tensor | None, prob: Tensor | None, forced: Tensor, 
     return torch.where(forced, noise, _rescaled(noise, prob))
 
 
+# -- index arithmetic across levels ------------------------------------------------------------------
+
 def chunk_sums(x: Tensor, chunks: Chunks) -> Tensor:
-    """Per-byte values (B, S) summed over the bytes that read each chunk (``up[t] = m``): (B, M).
-    A chunk's output reaches bytes p_m .. p_{m+1} - 1, so this is what a decision that changes
-    chunk m's output is credited with."""
+    """Per-position values (B, L) summed over the positions that read each chunk (``up[t] = m``):
+    (B, M). A chunk's output reaches positions p_m .. p_{m+1} - 1, so this is what a decision that
+    changes chunk m's output is credited with."""
     B, M = chunks.valid.shape
     return torch.zeros(B, M, dtype=x.dtype, device=x.device).scatter_add(1, chunks.up, x)
 
 
-def inner_boundary_bytes(stage: StageOutput, chunks: Chunks, S: int) -> Tensor:
-    """(B, S) bool: the bytes that end an inner chunk (the last byte of its last outer chunk)."""
-    b2 = stage.boundary.b & chunks.valid
-    out = torch.zeros(b2.shape[0], S + 1, dtype=torch.bool, device=b2.device)
+def ends_on_axis(b: Tensor, chunks: Chunks, S: int) -> Tensor:
+    """(B, S) bool: the positions of the axis that ``chunks`` index (length S) that end a chunk of
+    the level below, whose decisions over ``chunks`` are ``b`` (B, M): the last position of its
+    last chunk."""
+    b = b & chunks.valid
+    out = torch.zeros(b.shape[0], S + 1, dtype=torch.bool, device=b.device)
     # padding chunks sit at S - 1 too: send them to a dump column
     idx = torch.where(chunks.valid, chunks.positions, torch.full_like(chunks.positions, S))
-    return out.scatter(1, idx, b2)[:, :S]
+    return out.scatter(1, idx, b)[:, :S]
+
+
+def inner_boundary_bytes(stage: StageOutput, chunks: Chunks, S: int) -> Tensor:
+    """(B, S) bool: the positions that end a chunk of ``stage``, the stage one level below the
+    one whose chunks are ``chunks``."""
+    return ends_on_axis(stage.boundary.b, chunks, S)
+
+
+def level_boundary_bytes(out: StageOutput, S: int) -> list[Tensor]:
+    """(B, S) bool per level below the first, next level first: the bytes that end a chunk of that
+    level (the last byte of its last chunk one level up, and so on up to the bytes)."""
+    levels = out.levels
+    ends: list[Tensor] = []
+    for k in range(1, len(levels)):
+        b = levels[k].boundary.b
+        for j in range(k - 1, -1, -1):  # carry level k's ends up, one axis at a time, to the bytes
+            b = ends_on_axis(b, levels[j].chunks, S if j == 0 else levels[j - 1].chunks.valid.shape[1])
+        ends.append(b)
+    return ends

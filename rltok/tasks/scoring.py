@@ -35,7 +35,8 @@ from torch import nn
 
 from ..schema import BOS, PAD
 from ..data.loader import Batch
-from ..evaluate import autocast_for, model_width
+from ..evaluate import model_width
+from ..precision import autocast_for
 from ..objectives import score as score_batch
 
 
