@@ -34,7 +34,7 @@ from .tasks.scoring import model_seq_len
 from .data.corpus import Corpus
 from .rates import requested_rate
 from .run import load_model
-X
+from .text import chunks_of, to_bytes
 
 
 def load(run: str | Path, device: str | torch.device = "cpu", checkpoint: str | None = None) -> nn.Module:

@@ -112,7 +112,8 @@ def policy_gradient_surrogate(returns: Tensor, log_prob: Tensor, mask: Tensor, n
 def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, target: float,
                  reduce_mean: Callable[[Tensor], Tensor] | None = None,
                  one_sided: bool = False, segments: Tensor | None = None,
-                 all_reduce_sum: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                 all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+                 content: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(pbar - r*)_sg * mean logit, with forced positions counted as probability 1 (the paper).
 
     Returns (loss, pbar). The gradient on every decided logit is (pbar - r*)/N: all logits move
@@ -122,6 +123,10 @@ def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, 
     ranks: a document lives on one rank). ``all_reduce_sum``: the controller's pbar is the ratio
     of sums over ranks (as one process over the whole batch computes it, also when ranks hold
     different numbers of positions, e.g. an inner stage's chunks); else ``reduce_mean`` of pbar.
+    ``content`` (B, S, with ``segments``): each position's information (nats, e.g. its
+    cross-entropy; detached here): a segment's target is then r* x (its nats per position) / (the
+    batch's nats per position), i.e. boundaries in proportion to information, with the one
+    constant that gives r* on the batch as a whole.
     """
     d, v = decided.float(), valid.float()
     n = v.sum().clamp(min=1)
@@ -136,7 +141,12 @@ def rate_penalty(probs: Tensor, logits: Tensor, decided: Tensor, valid: Tensor, 
         size = probs.shape[0] * (probs.shape[1] + 1)
         num = torch.zeros(size, device=probs.device).index_add_(0, seg, p_forced.detach().reshape(-1))
         den = torch.zeros(size, device=probs.device).index_add_(0, seg, v.reshape(-1))
-        excess = (num / den.clamp(min=1) - target)[seg].reshape(probs.shape)
+        goal: Tensor | float = target
+        if content is not None:
+            info = torch.zeros(size, device=probs.device).index_add_(0, seg, (content.detach().float() * v).reshape(-1))
+            per_nat = target * v.sum() / info.sum().clamp(min=1e-9)  # boundaries per nat: r* on the batch
+            goal = per_nat * info / den.clamp(min=1)
+        excess = (num / den.clamp(min=1) - goal)[seg].reshape(probs.shape)
         if one_sided:
             excess = excess.clamp(min=0)
         return (excess * logits.float() * d).sum() / n, pbar

@@ -77,9 +77,58 @@ def test_document_rate_scope_through_the_training_path():
     assert (g_doc - g_batch).abs().max() > 0.05 * g_batch.abs().max()
 
 
+def test_content_rate_penalty_asks_each_document_for_boundaries_by_its_information():
+    """Hand-worked (issue 39): two one-document rows of 4 bytes, probability 0.5 at the two decided
+    positions (the ends forced): each document runs at (1 + .5 + .5 + 1) / 4 = 0.75. Row 0 holds 4
+    nats, row 1 2 nats: 6 nats over 8 bytes, so r* = 0.3 asks 0.3 x 8 / 6 = 0.4 boundaries per nat,
+    i.e. 0.4 x 4 / 4 = 0.4 of row 0's bytes and 0.4 x 2 / 4 = 0.2 of row 1's. The gradient on a
+    decided logit is (0.75 - goal) / 8: 0.35 / 8 in row 0, 0.55 / 8 in row 1. Equal information
+    per byte is the document scope exactly."""
+    logits = torch.zeros(2, 4, requires_grad=True)
+    decided = torch.tensor([[False, True, True, False]] * 2)
+    valid = torch.ones(2, 4, dtype=torch.bool)
+    ids = torch.tensor([[BOS, 7, 7, 7]] * 2)
+    content = torch.tensor([[1.0] * 4, [0.5] * 4])
+    seg = est.document_segments(ids, BOS)
+    loss, _ = est.rate_penalty(torch.sigmoid(logits), logits, decided, valid, 0.3, segments=seg, content=content)
+    (g,) = torch.autograd.grad(loss, logits)
+    want = torch.tensor([[0, 0.35, 0.35, 0], [0, 0.55, 0.55, 0]]) / 8
+    torch.testing.assert_close(g, want)
+    same = torch.full((2, 4), 0.7)
+    a = est.rate_penalty(torch.sigmoid(logits), logits, decided, valid, 0.3, segments=seg, content=same)[0]
+    b = est.rate_penalty(torch.sigmoid(logits), logits, decided, valid, 0.3, segments=seg)[0]
+    torch.testing.assert_close(torch.autograd.grad(a, logits)[0], torch.autograd.grad(b, logits)[0])
+
+
+def test_content_rate_scope_through_the_training_path():
+    """rate_scope=content reads the byte losses: with two documents of different surprisal its
+    gradient differs from the document scope's (pg_weight = 0: the rate term alone)."""
+    from rltok.methods import get_method
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+
+    ids = torch.tensor([[BOS] + list(b"aaaaaaaa") + [BOS] + list(b"q z. x,y")])
+
+    def grad(scope):
+        cfg = build_config("rl", "smoke", overrides={
+            "model.seq_len": ids.shape[1], "model.d_model": 8, "model.n_heads": 2, "model.window": 4,
+            "boundary.pg_weight": 0.0, "boundary.rate_weight": 1.0, "boundary.rate_scope": scope,
+            "boundary.softcap": 0.0, "boundary.scale": 1.0})
+        torch.manual_seed(0)
+        model = get_method("rl").build(cfg, None)
+        batch = Batch(ids=ids, targets=torch.roll(ids, -1, 1), index=torch.arange(1),
+                      noise=torch.rand(ids.shape, generator=torch.Generator().manual_seed(1)))
+        return torch.autograd.grad(training_loss(model, batch, cfg).loss, [model.boundary.proj.weight])[0]
+
+    g_content, g_doc = grad("content"), grad("document")
+    assert (g_content - g_doc).abs().max() > 1e-3 * g_doc.abs().max()
+
+
 def test_rate_scope_is_checked():
     with pytest.raises(RltokError, match="rate_scope"):
         build_config("rl", "smoke", overrides={"boundary.rate_scope": "language"})
+    with pytest.raises(RltokError, match="rate_scope=content needs"):
+        build_config("rl", "smoke", overrides={"boundary.rate_scope": "content", "boundary.rate_loss": "hnet"})
     with pytest.raises(RltokError, match="rate_scope=document needs"):
         build_config("rl", "smoke", overrides={"boundary.rate_scope": "document", "boundary.rate_loss": "hnet"})
 

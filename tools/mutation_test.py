@@ -160,12 +160,25 @@ MUTATIONS = [
              "        g = float(gamma)",
              "        g = torch.tensor(gamma, dtype=torch.float64, device=dev)",
              "a tensor made from host data on the device in the return (a blocking copy on a GPU)"),
+    Mutation("content_goal_inverted", "rltok/estimator.py",
+             "            goal = per_nat * info / den.clamp(min=1)",
+             "            goal = per_nat * den / info.clamp(min=1e-9)",
+             "rate_scope=content asks a document for boundaries against its information, not with it"),
+    Mutation("price_sign", "rltok/boundaries/policy.py",
+             "            G = G + est.batch_relative(-cost, mask, cfg.baseline, cfg.baseline_group, reducer)",
+             "            G = G + est.batch_relative(cost, mask, cfg.baseline, cfg.baseline_group, reducer)",
+             "the compute price in the reward pays the policy for boundaries instead of charging it"),
+    Mutation("stage_skip_level", "rltok/model/stage.py",
+             "                below = [inner.h if self.inner._wants_skip() else None] + inner.skips",
+             "                below = [inner.y if self.inner._wants_skip() else None] + inner.skips",
+             "the skip exit's baseline takes the level's own output: it skips nothing"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
                "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py",
-               "tests/test_two_stage.py", "tests/test_precision.py", "tests/test_static_chunks.py"]
+               "tests/test_two_stage.py", "tests/test_precision.py", "tests/test_static_chunks.py",
+               "tests/test_golden_stages.py", "tests/test_stages.py"]
 
 
 def copy_tree(dst: Path) -> None:

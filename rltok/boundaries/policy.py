@@ -55,7 +55,9 @@ class PolicyConfig(BoundaryConfig):
     # ceiling, FLEXITOKENS-style); hnet: H-Net's ratio loss
     rate_loss: str = "logit_shift"
     # batch: one rate controller over the batch (the paper); document: one per document, so each
-    # document is held at the target rate (equal compression everywhere; issue 16)
+    # document is held at the target rate (equal compression everywhere; issue 16); content: one
+    # per document, each asked for boundaries in proportion to its information under the model
+    # (its summed cross-entropy, detached), with the one constant that gives r* on the batch
     rate_scope: str = "batch"
     # > 0: the policy pays flop_price nats per byte per unit of training FLOPs per byte relative to
     # those at target_rate (the model's FLOP curve), where flop_price_in says: reward (each decided
@@ -118,10 +120,10 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.baseline_group must be >= 0")
         if self.rate_loss not in ("logit_shift", "hinge", "hnet"):
             raise RltokError(f"boundary.rate_loss={self.rate_loss!r} must be logit_shift, hinge or hnet")
-        if self.rate_scope not in ("batch", "document"):
-            raise RltokError(f"boundary.rate_scope={self.rate_scope!r} must be batch or document")
-        if self.rate_scope == "document" and self.rate_loss == "hnet":
-            raise RltokError("boundary.rate_scope=document needs boundary.rate_loss=logit_shift or hinge")
+        if self.rate_scope not in ("batch", "document", "content"):
+            raise RltokError(f"boundary.rate_scope={self.rate_scope!r} must be batch, document or content")
+        if self.rate_scope != "batch" and self.rate_loss == "hnet":
+            raise RltokError(f"boundary.rate_scope={self.rate_scope} needs boundary.rate_loss=logit_shift or hinge")
         if not (0.0 <= self.flop_price < 1e6):
             raise RltokError(f"boundary.flop_price={self.flop_price} must be >= 0")
         if self.flop_price_in not in ("reward", "loss"):
@@ -436,10 +438,11 @@ class BoundaryPolicy(BoundaryModule):
         if cfg.rate_integral_gain > 0 and cfg.rate_antiwindup:
             probs = self._network_probs(out.logits)
         if cfg.rate_loss in ("logit_shift", "hinge"):
-            segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope == "document" else None
+            segments = est.document_segments(ctx.ids, BOS) if cfg.rate_scope != "batch" else None
             rate, pbar = est.rate_penalty(probs, out.logits, out.decided, ctx.valid,
                                           self.rate, ctx.reduce_mean, one_sided=cfg.rate_loss == "hinge",
-                                          segments=segments, all_reduce_sum=ctx.all_reduce_sum)
+                                          segments=segments, all_reduce_sum=ctx.all_reduce_sum,
+                                          content=ctx.ce if cfg.rate_scope == "content" else None)
         else:
             v = ctx.valid.float()
             n = v.sum().clamp(min=1)
