@@ -55,7 +55,7 @@ def _one_stage_levels(rung: str, tag: str, seed: int, docs) -> dict | None:
     if not (run / "model.safetensors").is_file():
         return None
     model = rltok.load(run)
-    pieces, res = segment_docs(model, docs, dtype=model.run_config.train.dtype)
+    pieces, res = segment_docs(model, docs(), dtype=model.run_config.train.dtype)
     return level_stats(pieces, [r.boundaries for r in res])
 
 
@@ -73,9 +73,23 @@ def report(rung: str) -> list[dict]:
     from rltok.config import build_config
     from rltok.data import load_splits
 
-    cfg = build_config("rl", "tiny", overrides={"data.source": "english", "data.test_docs": 256})
-    test = load_splits(cfg).test
-    docs = [test.doc_bytes(i) for i in range(min(64, len(test)))]
+    docs_cache: list[list[bytes]] = []
+
+    def docs() -> list[bytes]:  # the 64 test documents, loaded only when a one-stage run is measured
+        if not docs_cache:
+            cfg = build_config("rl", "tiny", overrides={"data.source": "english", "data.test_docs": 256})
+            test = load_splits(cfg).test
+            docs_cache.append([test.doc_bytes(i) for i in range(min(64, len(test)))])
+        return docs_cache[0]
+
+    # where a one-stage run directory is gone, its level statistics are the ones this report
+    # recorded from it before (results.json), per seed
+    before = {}
+    if (OUT / "results.json").is_file():
+        for r in json.loads((OUT / "results.json").read_text()):
+            tag1 = r["pair"][0]
+            for s, lv in zip(r.get("level_seeds", {}).get(tag1, r["seeds"]), r["levels"].get(tag1, [])):
+                before[r["rung"], tag1, s] = lv
     one_stage_levels: dict[tuple[str, int], dict | None] = {}
     out = []
     for tag1, tag2, matched in PAIRS:
@@ -99,6 +113,7 @@ def report(rung: str) -> list[dict]:
         d_params = mean(rows[tag2]["params"]) / mean(rows[tag1]["params"]) - 1
         matched = f"{matched} (two-stage vs one: FLOPs per byte {d_flops:+.1%}, parameters {d_params:+.1%})"
         levels = {f"{tag2}, outer": [], f"{tag2}, inner": [], tag1: []}
+        level_seeds: list[int] = []
         for s in seeds:
             st = two[s].get("stage_stats") or {}
             if "outer" in st:
@@ -106,11 +121,13 @@ def report(rung: str) -> list[dict]:
             if "inner" in st:
                 levels[f"{tag2}, inner"].append(st["inner"])
             if (tag1, s) not in one_stage_levels:
-                one_stage_levels[tag1, s] = _one_stage_levels(rung, tag1, s, docs)
+                one_stage_levels[tag1, s] = (_one_stage_levels(rung, tag1, s, docs) if (RUNS / rung / f"{tag1}_s{s}").is_dir()
+                                             else before.get((rung, tag1, s)))
             if one_stage_levels[tag1, s] is not None:
                 levels[tag1].append(one_stage_levels[tag1, s])
+                level_seeds.append(s)
         out.append({"rung": rung, "pair": [tag1, tag2], "matched": matched, "seeds": seeds, "rows": rows,
-                    "delta_two_minus_one": deltas, "levels": levels})
+                    "delta_two_minus_one": deltas, "levels": levels, "level_seeds": {tag1: level_seeds}})
     return out
 
 
@@ -135,8 +152,10 @@ def render(rep: dict) -> str:
               "| level | " + " | ".join(k.replace("_", " ") for k in LEVEL_KEYS) + " |",
               "|---|" + "---|" * len(LEVEL_KEYS)]
     for name, lv in rep["levels"].items():
+        own = rep.get("level_seeds", {}).get(name)
+        label = name if own is None or own == seeds else f"{name} (seeds {', '.join(map(str, own))})"
         if lv:
-            lines.append(f"| {name} | " + " | ".join(_mse([x[k] for x in lv]) for k in LEVEL_KEYS) + " |")
+            lines.append(f"| {label} | " + " | ".join(_mse([x[k] for x in lv]) for k in LEVEL_KEYS) + " |")
     return "\n".join(lines) + "\n"
 
 
