@@ -310,7 +310,7 @@ def training_record(run_dir: Path, model) -> dict[str, Any]:
     late = [r["rate"] for r in steps if isinstance(r.get("rate"), (int, float)) and math.isfinite(r["rate"])
             and r.get("bytes", 0) > summary.get("bytes", 0) / 2]
     inner = []  # each deeper level's mean achieved rate, level 1 first
-    for k in range(1, getattr(model.cfg, "stages", 1)):
+    for k in range(1, getattr(getattr(model, "cfg", None), "stages", 1)):  # (a flat baseline has no cfg)
         key = level_key(k, "rate")
         got = [r[key] for r in steps if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
         if not got:

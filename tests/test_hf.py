@@ -144,7 +144,7 @@ def test_bundle_is_flat_self_contained_and_line_preserving(export):
     flat = files["rltok_model_unet.py"].splitlines()
     changed = [a for a, b in zip(orig, flat) if a != b]
     assert len(flat) > len(orig) and changed and all(a.startswith("from .") for a in changed)
-    assert "from .rltok_boundaries_base import BoundaryModule, BoundaryOutput" in flat
+    assert "from .rltok_model_router import BoundaryOutput, Router" in flat
 
 
 # -- forward: rltok's logits ----------------------------------------------------------------------------
