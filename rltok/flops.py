@@ -58,6 +58,7 @@ class FlopCount:
     params_per_chunk: int  # matmul parameters applied at every chunk / token
     inner_rate: float | None = None  # two stages: inner chunks per outer chunk used
     params_per_inner_chunk: int = 0  # two stages: the innermost main network's matmul parameters
+    frozen_per_byte: float = 0.0  # a frozen LM run forward only on every byte (entropy patching)
 
     def total(self, n_bytes: float) -> float:
         return self.per_byte * n_bytes
@@ -80,7 +81,10 @@ def unet_flops(model: nn.Module, cfg: RunConfig, rate: float,
     top = stages[0]
     # a shared head is applied twice per byte (early exit and final prediction)
     heads = [model.head, model.head] if model.cfg.shared_head else [model.head, model.early_head]
-    per_byte = _matmul_params([*top.encoder, *top.decoder, *heads, top.router])
+    frozen = top.router.forward_only_lms()
+    per_byte = _matmul_params([*top.encoder, *top.decoder, *heads, top.router]) - _matmul_params(frozen)
+    # a frozen LM in the router runs forward only on every byte: a third of its training FLOPs
+    fwd = sum(flat_flops(m, S).per_byte for m in frozen) / 3
     n_byte_layers = len(top.encoder) + len(top.decoder)
     main = top.main.layers
     if len(stages) == 1:
@@ -88,7 +92,7 @@ def unet_flops(model: nn.Module, cfg: RunConfig, rate: float,
         matmul = 6 * (per_byte + rate * per_chunk)
         attn = ATTN_FLOPS_PER_KEY_DIM * d * (n_byte_layers * mean_causal_keys(S, mc.window)
                                             + rate * len(main) * mean_causal_keys(rate * S))
-        return FlopCount(matmul + attn, matmul, attn, rate, per_byte, per_chunk)
+        return FlopCount(matmul + attn + fwd, matmul, attn, rate, per_byte, per_chunk, frozen_per_byte=fwd)
     deeper = len(stages) - 1
     if inner_rate is None:
         inner_rate = cfg.boundary.inner_target_rate

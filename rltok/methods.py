@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from . import registry
 # each module registers its method(s) on import
-from .boundaries import bpe, fixed, hnet, nawrot, policy  # noqa: F401
+from .boundaries import bpe, entropy, fixed, hnet, nawrot, policy  # noqa: F401
 from .errors import RltokError
 from .flat import bytes_lm, token_lm  # noqa: F401
 from .registry import MethodSpec
 
 # the order `rltok train --list-methods` shows: the paper's method, rules, learned baselines, flat models
-ORDER = ("rl", "uniform", "stride", "whitespace", "nawrot", "hnet", "bpe", "bytes", "bpe-lm")
+ORDER = ("rl", "uniform", "stride", "whitespace", "entropy", "nawrot", "hnet", "bpe", "bytes", "bpe-lm")
 
 
 def get_method(name: str) -> MethodSpec:

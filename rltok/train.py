@@ -120,10 +120,11 @@ def make_optimizer(model: nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
     non-finite step is skipped on the device (``found_inf``) without a host round trip."""
     t = cfg.train
     kw = dict(lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps, weight_decay=t.weight_decay)
+    params = [p for p in model.parameters() if p.requires_grad]  # not a frozen entropy model
     try:
-        return torch.optim.AdamW(model.parameters(), fused=True, **kw)
+        return torch.optim.AdamW(params, fused=True, **kw)
     except (RuntimeError, TypeError, ValueError):  # a device without the fused kernel
-        return torch.optim.AdamW(model.parameters(), **kw)
+        return torch.optim.AdamW(params, **kw)
 
 
 @dataclass

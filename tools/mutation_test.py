@@ -168,6 +168,14 @@ MUTATIONS = [
              "            G = G + est.batch_relative(-cost, mask, cfg.baseline, cfg.baseline_group, reducer)",
              "            G = G + est.batch_relative(cost, mask, cfg.baseline, cfg.baseline_group, reducer)",
              "the compute price in the reward pays the policy for boundaries instead of charging it"),
+    Mutation("entropy_unshifted", "rltok/boundaries/entropy.py",
+             "    return F.pad(H[:, :-1], (1, 0))",
+             "    return H",
+             "entropy patching reads the prediction of the byte after t at t (one byte of the future)"),
+    Mutation("entropy_flops_trained", "rltok/flops.py",
+             "    per_byte = _matmul_params([*top.encoder, *top.decoder, *heads, top.router]) - _matmul_params(frozen)",
+             "    per_byte = _matmul_params([*top.encoder, *top.decoder, *heads, top.router])",
+             "the FLOP count trains the frozen entropy model on every byte (3x its forward cost)"),
     Mutation("stage_skip_level", "rltok/model/stage.py",
              "                below = [inner.h if self.inner._wants_skip() else None] + inner.skips",
              "                below = [inner.y if self.inner._wants_skip() else None] + inner.skips",
@@ -178,7 +186,7 @@ QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py
                "tests/test_methods.py", "tests/test_causality.py", "tests/test_batch_invariance.py",
                "tests/test_rates.py", "tests/test_policy_options.py", "tests/test_languages.py",
                "tests/test_two_stage.py", "tests/test_precision.py", "tests/test_static_chunks.py",
-               "tests/test_golden_stages.py", "tests/test_stages.py"]
+               "tests/test_golden_stages.py", "tests/test_stages.py", "tests/test_entropy.py"]
 
 
 def copy_tree(dst: Path) -> None:

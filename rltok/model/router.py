@@ -121,6 +121,12 @@ class Router(nn.Module):
         lowest, highest value). None: the router has none."""
         return None
 
+    def forward_only_lms(self) -> list[nn.Module]:
+        """Flat language models this router runs forward only on every byte, frozen (entropy
+        patching's entropy model): the FLOP count adds a third of their training FLOPs per byte
+        and leaves their weights out of the training pass."""
+        return []
+
     def decodable(self) -> bool:
         """Whether this instance decodes from caches (``can_decode``)."""
         return type(self).can_decode()
