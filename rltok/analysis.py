@@ -263,6 +263,48 @@ def read_udhr(folder: str | Path, keys: Sequence[str] | None = None) -> list[Tra
     return out
 
 
+FLORES_SENTENCES = 1012
+# FLORES-200's halves: one calibrates rates, the other is scored; never both (issue 39)
+FLORES_HALVES = {"calibrate": (0, 506), "score": (506, 1012), "all": (0, 1012)}
+
+
+def read_flores(folder: str | Path, half: str = "score", keys: Sequence[str] | None = None,
+                group: int = 4) -> list[Translation]:
+    """FLORES-200 devtest (``LANG_Script.devtest``, 1,012 sentences aligned line by line in every
+    file): each language's sentences of one half (``calibrate``: 0-505, ``score``: 506-1011,
+    ``all``), in pieces of ``group`` consecutive sentences joined by a newline (consecutive
+    devtest sentences mostly come from the same article, so a piece reads as a short paragraph;
+    every piece is scored as a document, with BOS), in Unicode NFC. ``keys``: the files to read
+    (e.g. ``eng_Latn``); None: all of them."""
+    folder = Path(folder)
+    if half not in FLORES_HALVES:
+        raise RltokError(f"FLORES half {half!r} must be one of {', '.join(FLORES_HALVES)}")
+    if group < 1:
+        raise RltokError(f"FLORES group={group} must be >= 1")
+    files = sorted(folder.glob("*.devtest"))
+    if not files:
+        raise RltokError(f"{folder}: no *.devtest files (FLORES-200 devtest)")
+    lo, hi = FLORES_HALVES[half]
+    out = []
+    for f in files:
+        key = f.stem
+        if keys is not None and key not in keys:
+            continue
+        lines = f.read_text(encoding="utf-8").split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        if len(lines) != FLORES_SENTENCES:
+            raise RltokError(f"{f}: {len(lines)} lines, expected FLORES-200 devtest's {FLORES_SENTENCES}")
+        sents = [unicodedata.normalize("NFC", x.strip()) for x in lines[lo:hi]]
+        paras = ["\n".join(sents[i:i + group]) for i in range(0, len(sents), group)]
+        out.append(Translation(key=key, name=key, script=key.split("_")[-1], paragraphs=paras))
+    if keys is not None:
+        missing = set(keys) - {t.key for t in out}
+        if missing:
+            raise RltokError(f"{folder}: no FLORES-200 devtest file for {', '.join(sorted(missing))}")
+    return out
+
+
 def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | None = None,
                    tokenizers: dict[str, object] | None = None, reference: str = "eng",
                    progress: bool = False, **kw) -> list[dict]:

@@ -2,6 +2,7 @@
 offline errors (and, marked slow, the real fetch)."""
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,48 @@ def test_the_real_corpus_has_every_language_and_held_out_parallel_chapters():
     assert not set(held) & set(train)  # the held-out chapters are no training document
     for lang, marker in (("ru", "ИМЯ"), ("ja", "名前"), ("el", "ΟΝΟΜΑ"), ("de", "BEZEICHNUNG")):
         assert any(marker in d.decode() for d, lg in zip(train, langs) if lg == lang), lang
+
+
+# -- FLORES-200 (issue 39) -------------------------------------------------------------------------
+
+def _flores_dir(tmp_path, langs=("eng_Latn", "fra_Latn"), n=1012):
+    for lang in langs:
+        (tmp_path / f"{lang}.devtest").write_text("".join(f"{lang} sentence {i}\n" for i in range(n)), encoding="utf-8")
+    return tmp_path
+
+
+def test_read_flores_halves_are_disjoint_and_grouped(tmp_path):
+    from rltok.analysis import read_flores
+    d = _flores_dir(tmp_path)
+    cal = read_flores(d, "calibrate", group=4)
+    score = read_flores(d, "score", group=4)
+    assert [t.key for t in score] == ["eng_Latn", "fra_Latn"] and score[0].script == "Latn"
+    sents = lambda ts: [s for p in ts[0].paragraphs for s in p.split("\n")]  # noqa: E731
+    assert sents(cal)[0] == "eng_Latn sentence 0" and sents(cal)[-1] == "eng_Latn sentence 505"
+    assert sents(score)[0] == "eng_Latn sentence 506" and sents(score)[-1] == "eng_Latn sentence 1011"
+    assert not set(sents(cal)) & set(sents(score))
+    assert len(score[0].paragraphs) == 127 and score[0].paragraphs[0].count("\n") == 3  # 506 / 4, rounded up
+    assert [t.key for t in read_flores(d, "all", keys=["fra_Latn"])] == ["fra_Latn"]
+
+
+def test_read_flores_bad_input_names_the_file(tmp_path):
+    from rltok.analysis import read_flores
+    from rltok.errors import RltokError
+    d = _flores_dir(tmp_path, langs=("eng_Latn",), n=1000)
+    with pytest.raises(RltokError, match="eng_Latn.devtest: 1000 lines"):
+        read_flores(d)
+    with pytest.raises(RltokError, match="no FLORES-200 devtest file for deu_Latn"):
+        (tmp_path / "x").mkdir()
+        read_flores(_flores_dir(tmp_path / "x"), keys=["deu_Latn"])
+    with pytest.raises(RltokError, match="half"):
+        read_flores(d, "test")
+
+
+def test_flores_covers_every_training_language():
+    from rltok.analysis import read_flores
+    from rltok.data.languages import FLORES_OF
+    d = Path(__file__).resolve().parents[2] / "shared" / "data" / "multilingual" / "flores200_devtest"
+    if not d.is_dir():
+        pytest.skip("../shared/data is absent")
+    texts = read_flores(d, "score", keys=sorted(set(FLORES_OF.values())))
+    assert len(texts) == len(set(FLORES_OF.values())) == 26

@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results" / "multilingual"
 UDHR = ROOT.parent / "shared" / "data" / "multilingual" / "udhr"
+FLORES = ROOT.parent / "shared" / "data" / "multilingual" / "flores200_devtest"
 MAX_TEST_BYTES = 32_000
 # UDHR file key -> language of the training corpus (the other UDHR languages are unseen)
 UDHR_TRAINED = {"ces": "cs", "cmn_hans": "zh-cn", "cmn_hant": "zh-tw", "deu_1996": "de", "ell_monotonic": "el",
@@ -118,7 +119,43 @@ def measure_run(run: Path, dtype: str = "bf16") -> dict:
     for name, (texts, reference) in _parallel_sets().items():
         out[name] = cross_language(texts, {"m": model}, {}, reference=reference, dtype=dtype, seed=0,
                                    mode="sample", batch_size=16)
+    if FLORES.is_dir():
+        out["flores_calibration"], out["flores"] = measure_flores(model, dtype)
     return out
+
+
+def measure_flores(model, dtype: str = "bf16") -> tuple[dict | None, list[dict]]:
+    """FLORES-200 (issue 39): the model's rate knob, where it has one, calibrated to its
+    boundary.target_rate on the calibration half (sentences 0-505) of the training languages'
+    files, then every language's scoring half (506-1011) measured against English's."""
+    from rltok.analysis import cross_language, read_flores
+    from rltok.data.corpus import Corpus
+    from rltok.data.languages import FLORES_OF
+    from rltok.evaluate import calibrate_rate, rate_knob
+
+    cal = None
+    if rate_knob(model) is not None:
+        trained = sorted(set(FLORES_OF.values()))
+        docs = [p.encode("utf-8") for t in read_flores(FLORES, "calibrate", keys=trained) for p in t.paragraphs]
+        c = calibrate_rate(model, Corpus.from_docs(docs, "flores-calibrate"), model.run_config.model.seq_len,
+                           model.run_config.boundary.target_rate, docs=None, tol=0.002, whole=True, dtype=dtype,
+                           batch_size=16)
+        cal = {"target": model.run_config.boundary.target_rate, "rate": c.rate, "knob": c.value,
+               "knob_before": c.before_value, "rate_before": c.before_rate, "docs": len(docs)}
+    return cal, cross_language(read_flores(FLORES, "score"), {"m": model}, {}, reference="eng_Latn", dtype=dtype,
+                               seed=0, mode="sample", batch_size=16)
+
+
+def measure_flores_tokenizers(runs: Path | None) -> dict:
+    """GPT-NeoX's BPE, and the BPE that BPE guidance fitted on the same training text where
+    RUNS/bpe_s42 holds it, on FLORES's scoring half."""
+    from rltok.analysis import cross_language, read_flores
+
+    toks = {"gpt-neox": _neox()}
+    if runs is not None and (runs / "bpe_s42" / "tokenizer.json").is_file():
+        toks["bpe-same-data"] = _same_data_bpe(runs)[0]
+    return {"flores": cross_language(read_flores(FLORES, "score"), {}, toks, reference="eng_Latn"),
+            "tokenizers": sorted(toks), "half": "score (sentences 506-1011)", "group": 4}
 
 
 def measure_tokenizers(runs: Path) -> dict:
@@ -144,6 +181,15 @@ def measure_tokenizers(runs: Path) -> dict:
     for name, (texts, reference) in _parallel_sets().items():
         out[name] = cross_language(texts, {}, toks, reference=reference)
     return out
+
+
+def cmd_flores_tokenizers(args) -> int:
+    dest = OUT / "measure"
+    dest.mkdir(parents=True, exist_ok=True)
+    res = measure_flores_tokenizers(Path(args.runs) if args.runs else None)
+    (dest / "_flores_tokenizers.json").write_text(json.dumps(res, indent=1))
+    print(f"measured {', '.join(res['tokenizers'])} on FLORES-200 -> {dest / '_flores_tokenizers.json'}")
+    return 0
 
 
 def cmd_measure(args) -> int:
@@ -207,6 +253,49 @@ def run_metrics(m: dict) -> dict:
         rows = m["reference" if s == "reference" else "udhr"]
         for k in ("chunks_rel:m", "bits_rel:m", "bytes_per_chunk:m"):
             out[f"{s}_{k.split(':')[0]}"] = _spread(_parallel_costs(rows, k, langs).values())
+    if "flores" in m:
+        for s, langs in (("flores_trained", _flores_trained()), ("flores_all", None)):
+            for k in ("chunks_rel:m", "bits_rel:m", "bytes_per_chunk:m"):
+                out[f"{s}_{k.split(':')[0]}"] = _spread(_parallel_costs(m["flores"], k, langs).values())
+    return out
+
+
+def _flores_trained() -> set[str]:
+    from rltok.data.languages import FLORES_OF
+    return set(FLORES_OF.values())
+
+
+def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
+    """results.json's ``flores``: per method, the CV across the training languages of chunks
+    per unit of content (chunks for FLORES's scoring half relative to English's), mean and SE over
+    seeds; per tokenizer, the same for tokens; and each method's ratio to the same-data BPE."""
+    trained = _flores_trained()
+    out: dict = {"languages_trained": sorted(trained), "half": "score (sentences 506-1011); rates calibrated "
+                 "on the calibration half (0-505) of the training languages", "methods": {}, "tokenizers": {}}
+    for v, ms in by_variant.items():
+        ms = [m for m in ms if "flores" in m]
+        if not ms:
+            continue
+        cvs = [_spread(_parallel_costs(m["flores"], "chunks_rel:m", trained).values())["cv"] for m in ms]
+        out["methods"][v] = {"cv_chunks_per_content": _mean_se(cvs),
+                             "cv_chunks_per_content_all": _mean_se(
+                                 [_spread(_parallel_costs(m["flores"], "chunks_rel:m").values())["cv"] for m in ms]),
+                             "bpb_mean": _mean_se([float(np.mean(list(_parallel_costs(m["flores"], "bpb:m", trained).values())))
+                                                   for m in ms]),
+                             "calibrated_rate": [m.get("flores_calibration", {}) and m["flores_calibration"]["rate"]
+                                                 for m in ms],
+                             "seeds": [m["seed"] for m in ms]}
+    if ftoks:
+        for name in ftoks["tokenizers"]:
+            out["tokenizers"][name] = {
+                "cv_tokens_per_content": _spread(_parallel_costs(ftoks["flores"], f"tokens_rel:{name}", trained).values()),
+                "cv_tokens_per_content_all": _spread(_parallel_costs(ftoks["flores"], f"tokens_rel:{name}").values()),
+                "mean_tokens_per_byte": float(np.mean([1 / r[f"bytes_per_token:{name}"] for r in ftoks["flores"]
+                                                       if r["lang"] in trained]))}
+    ref = out["tokenizers"].get("bpe-same-data")
+    for v, d in out["methods"].items():
+        if ref:
+            d["ratio_to_same_data_bpe"] = d["cv_chunks_per_content"]["mean"] / ref["cv_tokens_per_content"]["cv"]
     return out
 
 
@@ -235,12 +324,14 @@ def cmd_report(args) -> int:
     tm = tokenizer_metrics(toks)
     summary = {}
     for v, ms in by_variant.items():
-        keys = ms[0]["metrics"]
+        keys = [k for k in ms[0]["metrics"] if all(k in m["metrics"] for m in ms)]  # FLORES: newer runs only
         summary[v] = {k: _mean_se([m["metrics"][k]["cv"] if isinstance(m["metrics"][k], dict) else m["metrics"][k]
                                    for m in ms]) for k in keys}
         summary[v]["max_over_min"] = {k: _mean_se([m["metrics"][k]["max_over_min"] for m in ms])
                                       for k in keys if isinstance(ms[0]["metrics"][k], dict)}
+    ft = meas / "_flores_tokenizers.json"
     result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
+              "flores": flores_section(by_variant, json.loads(ft.read_text()) if ft.is_file() else None),
               "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",
                         "reference": "Debian Reference ch03+ch08, parallel, 11 languages",
                         "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
@@ -395,6 +486,9 @@ def main(argv=None) -> int:
     pic = sub.add_parser("pictures")
     pic.add_argument("runs", nargs="+")
     pic.set_defaults(func=cmd_pictures)
+    ft = sub.add_parser("flores-tokenizers", help="GPT-NeoX's BPE (and RUNS/bpe_s42's, where present) on FLORES-200")
+    ft.add_argument("runs", nargs="?", default="")
+    ft.set_defaults(func=cmd_flores_tokenizers)
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)
     args = p.parse_args(argv)

@@ -28,6 +28,15 @@ from . import multilingual
 SCRIPTS = {"ja": "Jpan", "zh-cn": "Hans", "zh-tw": "Hant", "ru": "Cyrl", "uk": "Cyrl", "mk": "Cyrl",
            "sr": "Cyrl", "el": "Grek"}
 
+# FLORES-200 file of each language of the built-in multilingual corpora (FLORES's Portuguese is
+# Brazilian; pt and pt-br share it)
+FLORES_OF = {"cs": "ces_Latn", "da": "dan_Latn", "de": "deu_Latn", "el": "ell_Grek", "en": "eng_Latn",
+             "es": "spa_Latn", "fi": "fin_Latn", "fr": "fra_Latn", "hu": "hun_Latn", "id": "ind_Latn",
+             "it": "ita_Latn", "ja": "jpn_Jpan", "mk": "mkd_Cyrl", "nb": "nob_Latn", "nl": "nld_Latn",
+             "pl": "pol_Latn", "pt": "por_Latn", "pt-br": "por_Latn", "ro": "ron_Latn", "ru": "rus_Cyrl",
+             "sr": "srp_Cyrl", "sv": "swe_Latn", "tr": "tur_Latn", "uk": "ukr_Cyrl", "vi": "vie_Latn",
+             "zh-cn": "zho_Hans", "zh-tw": "zho_Hant"}
+
 
 def script_of(lang: str) -> str:
     return SCRIPTS.get(lang, "Latn")
