@@ -336,11 +336,33 @@ def cmd_report(args) -> int:
                         "reference": "Debian Reference ch03+ch08, parallel, 11 languages",
                         "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
                         "cv": "std/mean across languages (population std); summary: mean and SE over seeds"}}
+    result["verdict"] = verdict(by_variant, tm)
     (OUT / "results.json").write_text(json.dumps(result, indent=1))
     (OUT / "tables.md").write_text(tables(by_variant, summary, tm, toks) + "\n")
     chart(by_variant, toks, OUT / "cost_vs_english.png")
     print(f"wrote {OUT}/results.json, tables.md, cost_vs_english.png")
     return 0
+
+
+GOAL = 0.8  # issue 39: a learned policy's CV of chunks per content <= 0.8x the same-data BPE's
+
+
+def verdict(by_variant: dict, tm: dict) -> dict:
+    """Per learned variant and parallel set: its CV across languages of chunks per unit of
+    content (chunks relative to English for the same text) over the same-data BPE's CV of tokens
+    per content, per seed, with mean and SE, against the goal."""
+    out = {"goal": f"ratio <= {GOAL}", "ratios": {}}
+    bpe = tm["bpe-same-data"]
+    for v in ("rl", "rl-doc"):
+        for s in ("reference", "udhr_trained"):
+            ms = by_variant.get(v, [])
+            if not ms:
+                continue
+            r = _mean_se([m["metrics"][f"{s}_chunks_rel"]["cv"] / bpe[f"{s}_tokens_rel"]["cv"] for m in ms])
+            r["seed_ids"] = [m["seed"] for m in ms]
+            r["meets_goal"] = bool(r["mean"] + 2 * r["se"] <= GOAL)
+            out["ratios"][f"{v}:{s}"] = r
+    return out
 
 
 def _ms(d: dict, nd=3) -> str:
