@@ -366,3 +366,42 @@ def test_rate_penalty_sees_the_networks_own_rate_under_antiwindup():
     assert seen[False] < 0.08  # the held rate, sigmoid(logit(0.2) - 4) ~ 0.005 on decided bytes
     assert seen[True] == pytest.approx(0.2, abs=0.06)  # the network's own
     assert grads[False] > 3 * grads[True]  # what is left: the forced ends count as probability 1
+
+
+def test_offset_as_a_function_of_the_requested_rate_by_hand():
+    """boundary.rate_offset_knots=K (issue 38): the controller's offset is piecewise linear in
+    the requested rate through K knots over the schedule's range; a training micro-batch at rate r
+    moves only the two knots around r, each by its interpolation weight times -g (F - r); the
+    logit every byte starts from is logit(r) + the trim + the curve at r."""
+    from rltok.data.loader import Batch
+    from rltok.objectives import training_loss
+    from rltok.rates import requested_rate
+
+    over = {"boundary.rate_schedule": "uniform:0.1:0.3", "boundary.rate_integral_gain": 2.0,
+            "boundary.rate_offset_knots": 5}
+    cfg = build_config("rl", "smoke", overrides=over)
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    pol = model.boundary
+    assert "stage.router.rate_offset_curve" in model.state_dict()
+    with torch.no_grad():
+        pol.rate_offset_curve.copy_(torch.tensor([0.0, 1.0, 2.0, 3.0, 4.0]))  # knots 0.1, 0.15, ..., 0.3
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (4, 64), generator=g)
+    batch = Batch(ids=ids, targets=torch.randint(0, 256, (4, 64), generator=g),
+                  noise=torch.rand(4, 64, generator=g), index=torch.arange(4))
+    with requested_rate(model, 0.1375):  # 3/4 of the way from knot 0 (0.1) to knot 1 (0.15)
+        assert float(pol.controller_offset()) == pytest.approx(0.75)
+        assert float(pol.bias0) == pytest.approx(math.log(0.1375 / 0.8625) + 0.75, rel=1e-6)
+        sl = training_loss(model, batch, cfg)
+    F = float(sl.stats["n_boundary"] / sl.stats["n_valid"])
+    step = 2.0 * (F - 0.1375)
+    assert abs(step) > 1e-3
+    got = pol.rate_offset_curve.tolist()
+    assert got[0] == pytest.approx(0.0 - 0.25 * step, rel=1e-5)
+    assert got[1] == pytest.approx(1.0 - 0.75 * step, rel=1e-5)
+    assert got[2:] == [2.0, 3.0, 4.0]  # knots away from the drawn rate do not move
+    assert float(pol.rate_offset) == 0.0  # the trim is calibration's
+    from rltok.errors import RltokError
+    with pytest.raises(RltokError, match="rate_offset_knots"):
+        build_config("rl", "smoke", overrides={"boundary.rate_offset_knots": 5})  # no conditioning

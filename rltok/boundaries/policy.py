@@ -97,6 +97,12 @@ class PolicyConfig(BoundaryConfig):
     # (v2 study: -3 to -5 at 8 MB, -9.5 to -17.3 at 32 MB, toward the clamp at -20). Off by
     # default so that older runs, which lack the key, train as they did.
     rate_antiwindup: bool = False
+    # K >= 2, a rate-conditioned policy (rate_schedule uniform/choice) with the controller: the
+    # controller's offset is a function of the requested rate, piecewise linear through K knots
+    # spread evenly over the schedule's range; each step moves the knots around the rate it drew
+    # (issue 38). 0: one offset for every rate (a conditioned model then runs between its request
+    # and the rate it prefers)
+    rate_offset_knots: int = 0
 
     def validate(self) -> None:
         super().validate()
@@ -142,6 +148,12 @@ class PolicyConfig(BoundaryConfig):
             raise RltokError("boundary.return_block must be >= 1")
         if not 0.0 <= self.rate_integral_gain < 100:
             raise RltokError(f"boundary.rate_integral_gain={self.rate_integral_gain} must be in [0, 100)")
+        if self.rate_offset_knots:
+            sched = parse_schedule(self.rate_schedule, self.target_rate)
+            if self.rate_offset_knots < 2 or not sched.conditioned or self.rate_integral_gain <= 0:
+                raise RltokError(f"boundary.rate_offset_knots={self.rate_offset_knots}: needs >= 2 knots, a "
+                                 "conditioned boundary.rate_schedule (uniform: or choice:) and "
+                                 "boundary.rate_integral_gain > 0")
         if self.inner_baseline not in ("skip", "early"):
             raise RltokError(f"boundary.inner_baseline={self.inner_baseline!r} must be skip or early")
         if not 0.0 < self.inner_target_rate < 1.0:
@@ -202,6 +214,10 @@ class BoundaryPolicy(BoundaryModule):
         # rl policy. Without the controller it stays 0 in training and is not saved, so
         # penalty-only weights keep the tensor names they always had
         self.register_buffer("rate_offset", torch.zeros(()), persistent=cfg.rate_integral_gain > 0)
+        if cfg.rate_offset_knots:
+            # the controller's offset as a function of the requested rate (rate_offset stays the
+            # evaluation's calibration trim, 0 in training)
+            self.register_buffer("rate_offset_curve", torch.zeros(cfg.rate_offset_knots))
 
     @property
     def rate(self) -> float:
@@ -217,11 +233,28 @@ class BoundaryPolicy(BoundaryModule):
         r = self.rate
         return math.log(r / (1 - r))
 
+    def _knot_weights(self) -> list[tuple[int, float]]:
+        """(knot, weight) pairs that interpolate the offset curve at the requested rate (clamped
+        to the schedule's range; weights sum to 1)."""
+        K = self.cfg.rate_offset_knots
+        lo, hi = self.rate_schedule.lo, self.rate_schedule.hi
+        x = min(max((self.rate - lo) / (hi - lo), 0.0), 1.0) * (K - 1) if hi > lo else 0.0
+        k = min(int(x), K - 2)
+        return [(k, 1.0 - (x - k)), (k + 1, x - k)]
+
+    def controller_offset(self) -> Tensor:
+        """The logit offset the controller and the calibration add: the trim ``rate_offset``, plus
+        the curve's value at the requested rate where the offset is a function of the rate."""
+        if not self.cfg.rate_offset_knots:
+            return self.rate_offset
+        (k0, w0), (k1, w1) = self._knot_weights()
+        return self.rate_offset + w0 * self.rate_offset_curve[k0] + w1 * self.rate_offset_curve[k1]
+
     @property
     def bias0(self) -> Tensor:
         """The logit every byte starts from: logit(rate) plus the logit offset, a 0-d tensor
         (reading the buffer as a float would wait on an accelerator)."""
-        return self.rate_offset + self.prior_logit
+        return self.controller_offset() + self.prior_logit
 
     def _rate_vector(self, like: Tensor) -> Tensor | None:
         """E(r) (d,), or None for an unconditioned policy. Features: logit(r) relative to the
@@ -268,7 +301,7 @@ class BoundaryPolicy(BoundaryModule):
         """Boundary probabilities without the controller's offset: what the network's own
         logits give (rate_antiwindup). No gradient: the penalty's gradient is on the logits."""
         with torch.no_grad():
-            return torch.sigmoid(self._cap(self._uncap(logits) - self.rate_offset))
+            return torch.sigmoid(self._cap(self._uncap(logits) - self.controller_offset()))
 
     def _logits(self, V: Tensor, b: Tensor | None) -> Tensor:
         """Teacher-forced logits (B, S) from V (B, S, w) and decisions b (B, S)."""
@@ -469,8 +502,13 @@ class BoundaryPolicy(BoundaryModule):
                 if ctx.all_reduce_sum is not None:  # the rate over all ranks' positions
                     num, den = ctx.all_reduce_sum(num), ctx.all_reduce_sum(den)
                 achieved = num / den.clamp(min=1)
-                self.rate_offset.sub_(cfg.rate_integral_gain * (achieved - self.rate)).clamp_(-20.0, 20.0)
-            stats["rate_offset"] = self.rate_offset.detach().clone()
+                step = cfg.rate_integral_gain * (achieved - self.rate)
+                if cfg.rate_offset_knots:  # the knots around the drawn rate, by their weights
+                    for k, w in self._knot_weights():
+                        self.rate_offset_curve[k].sub_(w * step).clamp_(-20.0, 20.0)
+                else:
+                    self.rate_offset.sub_(step).clamp_(-20.0, 20.0)
+            stats["rate_offset"] = self.controller_offset().detach().clone()
         if rho is not None:
             stats["importance_ratio"] = (rho * dm).sum() / n_dec
         loss = cfg.pg_weight * pg + cfg.rate_weight * rate
