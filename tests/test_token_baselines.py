@@ -23,7 +23,7 @@ from rltok.evaluate import evaluate_corpus
 from rltok.flat.reference import reference_unet, reference_unet_params
 from rltok.flops import (flat_flops, mean_causal_keys,
                          training_flops_per_byte, unet_flops)
-from rltok.flat.model import FlatLM, flat_params
+from rltok.model.flat_lm import FlatLM, flat_params
 
 LN2 = math.log(2)
 

@@ -1,7 +1,7 @@
 """``entropy``: BLT's entropy patching (Pagnoni et al. 2024, "Byte Latent Transformer"), a
 rule-based chunker driven by a small byte LM trained before the U-Net (issue 39).
 
-The entropy model is a flat byte Transformer (``rltok.flat.model.ByteLM``, ``boundary.em_*``
+The entropy model is a flat byte Transformer (``rltok.model.flat_lm.ByteLM``, ``boundary.em_*``
 sizes, a sliding window of ``em_window`` bytes). ``setup`` trains it on the run's training split
 (the first ``em_train_bytes`` of the same documents the BPE of ``bpe`` guidance is fitted on),
 then calibrates the threshold so that the rate on held-out training documents is r*, and
@@ -48,7 +48,7 @@ from tqdm import tqdm
 
 from ..bpe import fit_docs
 from ..errors import RltokError
-from ..flat.model import ByteLM
+from ..model.flat_lm import ByteLM
 from ..flops import flat_flops
 from ..model.layers import KVCache, rope_angles
 from ..model.unet import ByteUNet

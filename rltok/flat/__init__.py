@@ -14,6 +14,6 @@ dispatch on the model's class). Each module registers its method's name on impor
 from __future__ import annotations
 
 from .config import BytesLMConfig, FlatConfig, TokenLMConfig
-from .model import ByteLM, FlatLM, TokenLM
+from ..model.flat_lm import ByteLM, FlatLM, TokenLM
 
 __all__ = ["BytesLMConfig", "FlatConfig", "TokenLMConfig", "ByteLM", "FlatLM", "TokenLM"]

@@ -22,7 +22,7 @@ from ..objectives import LN2, ScoreOutput, StepLoss, per_position_ce, score, tra
 from ..registry import MethodSpec, register
 from ..schema import BoundaryConfig, N_INPUT_IDS, N_OUTPUT_IDS, RunConfig
 from .config import BytesLMConfig
-from .model import ByteLM, flat_params
+from ..model.flat_lm import ByteLM, flat_params
 
 
 def size_bytes_model(cfg: RunConfig) -> tuple[int, int]:

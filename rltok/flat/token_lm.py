@@ -46,7 +46,7 @@ from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_positi
 from ..registry import MethodSpec, register
 from ..schema import BOS, PAD, BoundaryConfig, RunConfig
 from .config import TokenLMConfig
-from .model import TokenLM
+from ..model.flat_lm import TokenLM
 
 _PLACEHOLDER_VOCAB = 512  # vocabulary of an untrained model built without a tokenizer
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..model.hub_mixin import HubMixin
-from ..model.layers import Block, RMSNorm, rope_angles
+from .hub_mixin import HubMixin
+from .layers import Block, RMSNorm, rope_angles
 
 
 class FlatLM(nn.Module, HubMixin):
