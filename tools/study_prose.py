@@ -68,6 +68,9 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "whitespace": ("whitespace", []),
     "rl-2stage": ("rl", ["model.stages=2", *HOLD]),
     "bytes-params": ("bytes", ["flat.match=params"]),
+    # added before the 8 MB rung started (issue 39): BLT's entropy patching, the strongest
+    # rule-based chunker; its threshold is a rate knob, calibrated per domain as the others
+    "entropy": ("entropy", []),
 }
 ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against rl-penalty
     "abl-gamma1": ("rl", ["boundary.gamma=1"]),
@@ -345,7 +348,7 @@ SET_NAMES = {"test": "prose test (whole)", "test512": "prose test (first 512 byt
              "wikitext": "WikiText-2 (whole)", "docs_domain": "technical docs (whole)"}
 # the pre-registered comparisons (results/study-prose/README.md): (method, reference)
 COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"), ("rl", "rl-penalty"),
-               ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot")] + [(a, "rl-penalty") for a in ABLATIONS]
+               ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot"), ("rl", "entropy")] + [(a, "rl-penalty") for a in ABLATIONS]
 
 
 def summarize(cells: list[dict]) -> dict:
