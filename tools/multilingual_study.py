@@ -41,7 +41,7 @@ UDHR_TRAINED = {"ces": "cs", "cmn_hans": "zh-cn", "cmn_hant": "zh-tw", "deu_1996
                 "nld": "nl", "pol": "pl", "por_BR": "pt-br", "rus": "ru", "spa": "es", "tur": "tr",
                 "ukr": "uk", "vie": "vi"}
 UNSPACED = {"ja", "zh-cn", "zh-tw", "jpn", "cmn_hans", "cmn_hant", "yue", "tha", "khm", "mya"}
-METHOD_ORDER = ["rl", "rl-doc", "bpe", "uniform", "hnet"]
+METHOD_ORDER = ["rl", "rl-doc", "rl-content", "entropy", "bpe", "uniform", "hnet"]
 
 
 def _neox():
@@ -216,7 +216,9 @@ def cmd_measure(args) -> int:
 # -- report ---------------------------------------------------------------------------------------
 
 def _variant(m: dict) -> str:
-    return "rl-doc" if m["method"] == "rl" and m.get("rate_scope") == "document" else m["method"]
+    if m["method"] == "rl" and m.get("rate_scope") in ("document", "content"):
+        return "rl-doc" if m["rate_scope"] == "document" else "rl-content"
+    return m["method"]
 
 
 def _spread(values) -> dict:
@@ -353,7 +355,7 @@ def verdict(by_variant: dict, tm: dict) -> dict:
     per content, per seed, with mean and SE, against the goal."""
     out = {"goal": f"ratio <= {GOAL}", "ratios": {}}
     bpe = tm["bpe-same-data"]
-    for v in ("rl", "rl-doc"):
+    for v in ("rl", "rl-doc", "rl-content", "entropy"):
         for s in ("reference", "udhr_trained"):
             ms = by_variant.get(v, [])
             if not ms:
