@@ -94,7 +94,7 @@ def aggregate(spec, records: list[dict], corpus_name: str, n_docs: int, ref_path
 RATE_TOLERANCE = 0.01  # a rate-matched cell holds r* within this, late in training and at evaluation
 FLOP_TOLERANCE = 0.03  # a FLOP-matched cell is within 3% of the rl cell's training FLOPs per byte
 # methods whose rate is set to the target (by training or by fitting a BPE vocabulary to it)
-RATE_MATCHED_METHODS = ("rl", "uniform", "nawrot", "hnet", "bpe")
+RATE_MATCHED_METHODS = ("rl", "uniform", "nawrot", "hnet", "bpe", "entropy")
 
 
 def holds_rate(rate: float, late: float, target: float) -> bool:
