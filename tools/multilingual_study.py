@@ -284,8 +284,7 @@ def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
                                  [_spread(_parallel_costs(m["flores"], "chunks_rel:m").values())["cv"] for m in ms]),
                              "bpb_mean": _mean_se([float(np.mean(list(_parallel_costs(m["flores"], "bpb:m", trained).values())))
                                                    for m in ms]),
-                             "calibrated_rate": [m.get("flores_calibration", {}) and m["flores_calibration"]["rate"]
-                                                 for m in ms],
+                             "calibrated_rate": [(m.get("flores_calibration") or {}).get("rate") for m in ms],
                              "seeds": [m["seed"] for m in ms]}
     if ftoks:
         for name in ftoks["tokenizers"]:

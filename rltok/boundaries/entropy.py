@@ -50,7 +50,7 @@ from ..bpe import fit_docs
 from ..errors import RltokError
 from ..model.flat_lm import ByteLM
 from ..flops import flat_flops
-from ..model.layers import KVCache, rope_angles
+from ..model.layers import KVCache
 from ..model.unet import ByteUNet
 from ..objectives import per_position_ce
 from ..registry import MethodSpec, register
@@ -115,11 +115,14 @@ def byte_entropies(em: ByteLM, ids: Tensor) -> Tensor:
     return F.pad(H[:, :-1], (1, 0))
 
 
+def rule_decisions(e: Tensor, e_prev: Tensor, rule: str, threshold: Tensor | float) -> Tensor:
+    """The rule (module docstring) from e_t and e_{t-1}, any matching shapes."""
+    return (e - e_prev if rule == "monotonic" else e) > threshold
+
+
 def rule_boundaries(e: Tensor, rule: str, threshold: Tensor | float) -> Tensor:
-    """The rule's b (B, S) from entropies e (B, S) (module docstring)."""
-    if rule == "monotonic":
-        return (e - F.pad(e[:, :-1], (1, 0))) > threshold
-    return e > threshold
+    """The rule's b (B, S) from entropies e (B, S) (e_{-1} = 0)."""
+    return rule_decisions(e, F.pad(e[:, :-1], (1, 0)), rule, threshold)
 
 
 @dataclass
@@ -156,40 +159,20 @@ class EntropyBoundaries(BoundaryModule):
 
     def step(self, h, ids, state: EntropyState | None, *, pos, noise=None, fixed=None, mode="sample") -> BoundaryStep:
         em = self.entropy_model
-        n = ids.shape[0]
         if state is None:
-            hd = em.d_model // em.n_heads
-            p = next(em.parameters())
-            state = EntropyState([KVCache.empty(n, em.n_heads, hd, em.window, device=ids.device, dtype=p.dtype)
-                                  for _ in em.blocks],
-                                 torch.zeros(n, device=ids.device), torch.zeros(n, device=ids.device))
+            zero = torch.zeros(ids.shape[0], device=ids.device)
+            state = EntropyState(em.allocate_inference_cache(ids.shape[0], ids.device), zero, zero)
         e = torch.where(pos == 0, torch.zeros_like(state.next_entropy), state.next_entropy)
-        if self.cfg.rule == "monotonic":
-            b = (e - state.last_entropy) > self.threshold
-        else:
-            b = e > self.threshold
+        b = rule_decisions(e, state.last_entropy, self.cfg.rule, self.threshold)
         with torch.no_grad():
-            cos, sin = rope_angles(pos[:, None], em.d_model // em.n_heads, em.rope_theta)
-            x = em.embed(ids)[:, None]
-            for blk, c in zip(em.blocks, state.caches):
-                x = blk.step(x, cos, sin, c, pos)
-            nxt = next_byte_entropy(em.head(em.norm(x))[:, 0])
+            nxt = next_byte_entropy(em.decode_step(ids, pos, state.caches))
         return _rule_step(b | (ids == BOS), pos, fixed, state=EntropyState(state.caches, nxt, e))
 
     def decode_state(self, h, ids, out, lengths) -> EntropyState:
         """Read off one forward pass of the entropy model over the prefix (its keys/values)."""
-        em = self.entropy_model
-        B, S = ids.shape
-        positions = torch.arange(S, device=ids.device)
-        cos, sin = rope_angles(positions, em.d_model // em.n_heads, em.rope_theta)
-        caches = []
         with torch.no_grad():
-            x = em.embed(ids)
-            for blk in em.blocks:
-                kv = []
-                x = blk(x, cos, sin, on_kv=lambda k, v: kv.append((k, v)))
-                caches.append(KVCache.from_prefill(*kv[0], positions[None].expand(B, S), lengths, em.window))
-            H = next_byte_entropy(em.head(em.norm(x)))
+            logits, caches = self.entropy_model.decode_prefill(ids, lengths)
+            H = next_byte_entropy(logits)
         last = (lengths - 1).clamp(min=0)[:, None]
         e = F.pad(H[:, :-1], (1, 0))
         return EntropyState(caches, H.gather(1, last)[:, 0], e.gather(1, last)[:, 0])
@@ -262,21 +245,22 @@ def _held_out_entropies(em: ByteLM, docs: list[bytes], seq_len: int) -> tuple[Te
     return e, valid, forced
 
 
+def rule_rate(e: Tensor, valid: Tensor, forced: Tensor, rule: str, threshold: float) -> float:
+    """The rule's rate at ``threshold`` over the valid positions, forced positions included."""
+    b = (rule_boundaries(e, rule, threshold) | forced) & valid
+    return float(b.sum()) / max(1, int(valid.sum()))
+
+
 def calibrate_threshold(e: Tensor, valid: Tensor, forced: Tensor, rule: str, rate: float) -> tuple[float, float]:
     """The threshold whose rate (forced positions included) over the valid positions is closest
     to ``rate``, and that rate (bisection: the rate falls as the threshold rises)."""
     lim = math.log(N_OUTPUT_IDS)
     lo, hi = (-lim if rule == "monotonic" else 0.0), lim
-
-    def rate_at(t: float) -> float:
-        b = (rule_boundaries(e, rule, t) | forced) & valid
-        return float(b.sum()) / max(1, int(valid.sum()))
-
     for _ in range(40):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if rate_at(mid) > rate else (lo, mid)
+        lo, hi = (mid, hi) if rule_rate(e, valid, forced, rule, mid) > rate else (lo, mid)
     t = (lo + hi) / 2
-    return t, rate_at(t)
+    return t, rule_rate(e, valid, forced, rule, t)
 
 
 def _load_em(cfg: EntropyConfig, src: Path) -> tuple[ByteLM, dict]:
@@ -314,7 +298,7 @@ def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
     if bc.calibrate:
         bc.threshold, rate = calibrate_threshold(e, valid, forced, bc.rule, bc.target_rate)
     else:
-        rate = float(((rule_boundaries(e, bc.rule, bc.threshold) | forced) & valid).sum()) / max(1, int(valid.sum()))
+        rate = rule_rate(e, valid, forced, bc.rule, bc.threshold)
     info.update(rule=bc.rule, threshold=bc.threshold, rate=rate, target_rate=bc.target_rate,
                 heldout_docs=len(held), heldout_bytes=sum(len(d) for d in held), heldout_bpb=heldout_bpb,
                 rate_measured_on="held-out training documents, rows of model.seq_len")

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .hub_mixin import HubMixin
-from .layers import Block, RMSNorm, rope_angles
+from .layers import Block, KVCache, RMSNorm, rope_angles
 
 
 class FlatLM(nn.Module, HubMixin):
@@ -34,6 +34,37 @@ class FlatLM(nn.Module, HubMixin):
         for blk in self.blocks:
             x = blk(x, cos, sin)
         return self.head(self.norm(x))
+
+    # -- incremental decoding, beside forward (BLT's entropy model decodes byte by byte). Not
+    # named prefill/step: rltok.generate takes a model with a ``step`` for a decodable U-Net
+    def allocate_inference_cache(self, batch: int, device=None) -> list[KVCache]:
+        """Empty key/value caches, one per layer (ring caches of ``window`` slots, or growing)."""
+        dtype = self.head.weight.dtype
+        return [KVCache.empty(batch, self.n_heads, self.d_model // self.n_heads, self.window, device=device,
+                              dtype=dtype) for _ in self.blocks]
+
+    def decode_prefill(self, ids: Tensor, lengths: Tensor) -> tuple[Tensor, list[KVCache]]:
+        """:meth:`forward` over (B, T) ids, and the caches after the first ``lengths[b]`` ids of
+        each row."""
+        B, T = ids.shape
+        positions = torch.arange(T, device=ids.device)
+        cos, sin = rope_angles(positions, self.d_model // self.n_heads, self.rope_theta)
+        x = self.embed(ids)
+        caches = []
+        for blk in self.blocks:
+            kv = []
+            x = blk(x, cos, sin, on_kv=lambda k, v: kv.append((k, v)))
+            caches.append(KVCache.from_prefill(*kv[0], positions[None].expand(B, T), lengths, self.window))
+        return self.head(self.norm(x)), caches
+
+    def decode_step(self, ids: Tensor, pos: Tensor, caches: list[KVCache]) -> Tensor:
+        """One new id per row, ``ids`` (n,) at positions ``pos`` (n,): (n, n_outputs) logits for
+        the next id; the caches advance in place."""
+        cos, sin = rope_angles(pos[:, None], self.d_model // self.n_heads, self.rope_theta)
+        x = self.embed(ids)[:, None]
+        for blk, c in zip(self.blocks, caches):
+            x = blk.step(x, cos, sin, c, pos)
+        return self.head(self.norm(x))[:, 0]
 
     def param_groups_for_flops(self) -> tuple[int, int]:
         """(matmul parameters applied per byte, per token/chunk); subclasses say which."""
