@@ -1,6 +1,7 @@
 """Issue 16: the cost of each language under learned chunks, BPE and GPT-NeoX's BPE.
 
     python tools/multilingual_study.py measure runs/multilingual   # per run, resumable
+    python tools/multilingual_study.py flores-tokenizers [RUNS]    # GPT-NeoX's BPE (and RUNS' own) on FLORES-200
     python tools/multilingual_study.py report                      # results.json, tables, chart
 
 ``measure`` scores every finished run of ``results/multilingual/run.sh`` on three held-out sets,
