@@ -216,3 +216,71 @@ def test_eval_calibrate_rate_from_the_command_line(small_corpus_file, tmp_path, 
     assert main(["eval", str(tmp_path / "u"), "--calibrate-rate"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no rate to calibrate" in err[0]
+
+
+# -- matching the rate on each scored set (evaluate.score_at_rate) ----------------------------------
+
+def test_nearest_pair_brackets_the_target_when_it_can():
+    from rltok.evaluate import _nearest_pair
+
+    assert _nearest_pair([0.25, 0.22, 0.18], 0.2) == (2, 1)  # below 0.18, above 0.22 (not 0.25)
+    assert sorted(_nearest_pair([0.25, 0.22, 0.23], 0.2)) == [1, 2]  # all above: the two closest
+
+
+def test_interpolate_results_on_a_hand_worked_pair():
+    """Two scorings of the same two documents at rates 0.1 and 0.3, read at 0.15 (w = 0.25):
+    per document 1 + 0.25 * (3 - 1) = 1.5 and 3 + 0.25 * (5 - 3) = 3.5, mean 2.5; counts from the first."""
+    from rltok.evaluate import EvalResult, interpolate_results
+
+    def res(per_doc, rate):
+        return EvalResult(bpb=float(np.mean(per_doc)), bpb_se=0.0, corpus_bpb=float(np.mean(per_doc)), rate=rate,
+                          whitespace_recall=rate * 2, whitespace_precision=0.5, docs=2, bytes=100, samples=1,
+                          mode="sample", per_doc_bpb=per_doc, rates=[rate])
+
+    r = interpolate_results(res([1.0, 3.0], 0.1), res([3.0, 5.0], 0.3), 0.25)
+    assert r.per_doc_bpb == pytest.approx([1.5, 3.5])
+    assert r.bpb == pytest.approx(2.5) and r.rate == pytest.approx(0.15) and r.rates == pytest.approx([0.15])
+    assert r.whitespace_recall == pytest.approx(0.3) and r.bpb_se == pytest.approx(1.0)  # std([1.5, 3.5]) / sqrt(2)
+    assert (r.docs, r.bytes, r.mode) == (2, 100, "sample")
+
+
+@pytest.mark.parametrize("method,over", [("rl", {"boundary.rate_integral_gain": 1.0, "boundary.scale": 4.0}),
+                                         ("hnet", {"boundary.rate_control": "threshold"})])
+def test_score_at_rate_reads_another_domain_at_the_target(method, over):
+    """Calibrated on one text, a router runs at another rate on a different text; score_at_rate
+    then scores that text at a second knob value and reads it at the target: the result is the
+    linear interpolation of the two scorings (checked against scoring at each value directly),
+    its rate the target, the knob left at the first value. Within tol it is one scoring."""
+    from rltok.data.corpus import Corpus
+    from rltok.evaluate import calibrate_rate, evaluate_corpus, interpolate_results, score_at_rate
+    from rltok.run import build_model
+
+    torch.manual_seed(0)
+    m = build_model(build_config(method, "smoke", overrides={"model.seq_len": 64, **over})).eval()
+    cal = _calibration_corpus()
+    rng = np.random.default_rng(1)
+    other = Corpus.from_docs([bytes(rng.integers(33, 127, 90).astype(np.uint8)) for _ in range(6)])
+    target = 0.2
+    calibrate_rate(m, cal, 64, target, docs=None, dtype="fp32", tol=0.005)
+    knob = m.boundary.rate_knob()[0]
+    v1 = float(knob)
+    plain = evaluate_corpus(m, other, 64, dtype="fp32")
+    assert abs(plain.rate - target) > 0.01, "the test needs a text the calibration does not fit"
+    r, match = score_at_rate(m, other, 64, target, calibration=cal, cal_docs=None, cal_tol=0.005, dtype="fp32")
+    assert match.how in ("interpolated", "extrapolated") and len(match.points) in (2, 3)
+    assert float(knob) == v1 and match.points[0]["value"] == v1
+    assert r.rate == pytest.approx(target)
+    scored = []
+    for p in match.points:  # each point is what scoring at its knob value gives
+        knob.fill_(p["value"])
+        scored.append(evaluate_corpus(m, other, 64, dtype="fp32"))
+        assert scored[-1].rate == pytest.approx(p["rate"]) and scored[-1].bpb == pytest.approx(p["bpb"])
+    knob.fill_(v1)
+    used = [scored[k] for k in match.pair]
+    assert match.pair[0] != match.pair[1]
+    want = interpolate_results(used[0], used[1], match.weight)
+    assert r.per_doc_bpb == pytest.approx(want.per_doc_bpb) and r.bpb == pytest.approx(want.bpb)
+    if match.how == "interpolated":  # read between a point below the target and one above
+        assert min(e.rate for e in used) <= target <= max(e.rate for e in used)
+    one, match1 = score_at_rate(m, other, 64, target, calibration=cal, cal_docs=None, tol=0.5, dtype="fp32")
+    assert match1.how == "calibrated" and len(match1.points) == 1 and one.bpb == pytest.approx(plain.bpb)

@@ -25,7 +25,7 @@ def test_five_seeds_where_the_issue_asks(sp):
         return sum(1 for c in cells if c[0] == rung and c[1] == tag)
     assert n("2M", "rl") == 3 and n("2M", "bpe-lm") == 3
     for rung in ("8M", "32M"):
-        for tag in ("rl", "uniform", "nawrot", "hnet", "bpe"):
+        for tag in ("rl", "uniform", "nawrot", "hnet", "bpe", "rl-bpe-rate"):
             assert n(rung, tag) == 5
         assert n(rung, "rl-penalty") == 3 and n(rung, "bytes") == 3
     assert n("8M", "abl-gamma1") == 3 and n("32M", "abl-gamma1") == 0 and n("2M", "stride") == 0
@@ -33,6 +33,26 @@ def test_five_seeds_where_the_issue_asks(sp):
     # seed by seed: every rung's first three seeds come before any fourth
     eight = [c for c in cells if c[0] == "8M"]
     assert max(i for i, c in enumerate(eight) if c[2] == 3) < min(i for i, c in enumerate(eight) if c[2] == 4)
+
+
+def test_rate_partner_trains_and_is_scored_at_its_partners_rates(sp, tmp_path, monkeypatch):
+    """rl-bpe-rate waits for the rung's bpe seed-1 cell, then trains at that cell's late training
+    rate and is matched on each evaluation set to bpe's rate on that set; other tags keep r*."""
+    import json
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(sp, "OUT", tmp_path)
+    cfg = SimpleNamespace(boundary=SimpleNamespace(target_rate=0.2))
+    assert not sp.ready("2M", "rl-bpe-rate") and sp.ready("2M", "rl")
+    with pytest.raises(RuntimeError, match="bpe seed-1 cell first"):
+        sp.train_overrides("2M", "rl-bpe-rate")
+    rec = {"train_rate_late": 0.22898, **{k: {"rate": 0.2 + i / 100} for i, k in enumerate(sp.SETS)}}
+    sp.cell_path("2M", "bpe", 1).parent.mkdir(parents=True)
+    sp.cell_path("2M", "bpe", 1).write_text(json.dumps(rec))
+    assert sp.ready("2M", "rl-bpe-rate") and not sp.ready("8M", "rl-bpe-rate")
+    assert sp.train_overrides("2M", "rl-bpe-rate")[-1] == "boundary.target_rate=0.229"
+    assert [sp.set_target("2M", "rl-bpe-rate", k, cfg) for k in sp.SETS] == pytest.approx([0.2, 0.21, 0.22, 0.23, 0.24])
+    assert sp.set_target("2M", "rl", "docs_domain", cfg) == 0.2 and sp.train_overrides("2M", "rl") == sp.HOLD
 
 
 def test_paired_test_hand_worked(sp):

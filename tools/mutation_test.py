@@ -184,6 +184,10 @@ MUTATIONS = [
              "                below = [inner.h if self.inner._wants_skip() else None] + inner.skips",
              "                below = [inner.y if self.inner._wants_skip() else None] + inner.skips",
              "the skip exit's baseline takes the level's own output: it skips nothing"),
+    Mutation("rate_match_weight_sign", "rltok/evaluate.py",
+             "    w = (target - a.rate) / (b.rate - a.rate)",
+             "    w = (a.rate - target) / (b.rate - a.rate)",
+             "a scored set is read at the rate mirrored about its first point, not at the target"),
 ]
 
 QUICK_TESTS = ["tests/test_estimator.py", "tests/test_estimator_training_path.py",
