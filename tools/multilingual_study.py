@@ -206,6 +206,8 @@ def cmd_measure(args) -> int:
         print("measured the tokenizers", flush=True)
     k, n = map(int, args.shard.split("/"))
     for i, run in enumerate(sorted(p for p in runs.iterdir() if p.is_dir())):
+        if args.only and run.name not in args.only.split(","):
+            continue
         if i % n != k or not (run / "summary.json").is_file() or (dest / f"{run.name}.json").is_file():
             continue
         res = measure_run(run)
@@ -506,6 +508,8 @@ def main(argv=None) -> int:
     m.add_argument("runs", nargs="?", default="runs/multilingual")
     m.add_argument("--threads", type=int, default=1)
     m.add_argument("--shard", default="0/1", help="K/N: measure every N-th run from the K-th (run N side by side)")
+    m.add_argument("--only", default="", help="NAME[,NAME]: measure only these runs (a run measured as soon as "
+                                              "it has trained keeps its record when the session's runs are lost)")
     m.set_defaults(func=cmd_measure)
     pic = sub.add_parser("pictures")
     pic.add_argument("runs", nargs="+")

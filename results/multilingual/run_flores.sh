@@ -6,7 +6,8 @@
 #   entropy (BLT's entropy patching), bpe (BPE guidance, its BPE fitted on the same T = 2 text at
 #   r*; the seeds share the first run's tokenizer) and uniform.
 # Usage: bash results/multilingual/run_flores.sh [OUTDIR]   (resumable: a finished run is skipped)
-# Then: python tools/multilingual_study.py measure OUTDIR   (FLORES-200: each rate knob calibrated
+# Each run is measured as soon as it has trained (MEASURE=0 skips it); or later:
+#       python tools/multilingual_study.py measure OUTDIR   (FLORES-200: each rate knob calibrated
 #       on sentences 0-505 of the training languages, all 204 languages scored on 506-1011)
 #       python tools/multilingual_study.py flores-tokenizers OUTDIR && python tools/multilingual_study.py report
 # RLTOK="python -m rltok" with PYTHONPATH=<a frozen checkout> keeps edits of the working tree out of the runs.
@@ -27,4 +28,8 @@ printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 bash -c '
     if [ -d "$d" ]; then r=--resume; else r=; fi
     ${RLTOK:-rltok} train --method $method --preset tiny --data multilingual --seed $seed --bytes 8M \
        --set data.language_temperature=2 --set data.test_docs=256 "${set[@]}" \
-       --threads 1 --no-progress --out "$d" $r >> "$d.log" 2>&1; }'
+       --threads 1 --no-progress --out "$d" $r >> "$d.log" 2>&1; }
+  # measured at once (FLORES, UDHR, Reference): its record in results/multilingual/measure/ outlives
+  # the run folder, which a new session does not have
+  [ "${MEASURE:-1}" = 1 ] && [ -f "$d/summary.json" ] && \
+    ${PYTHON:-python} tools/multilingual_study.py measure '"$out"' --only ${name}_s${seed} >> "$d.log" 2>&1'
