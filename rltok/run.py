@@ -91,7 +91,11 @@ def write_config(run_dir: Path, cfg: RunConfig) -> None:
 
 def check_weights(model: nn.Module, tensors: dict[str, torch.Tensor], source: Path | str) -> None:
     """One line naming the first tensor whose name or shape does not fit the model the config
-    implies (instead of torch's multi-line size-mismatch report)."""
+    implies (instead of torch's multi-line size-mismatch report). An older checkpoint's names are
+    first renamed in place as the model's ``load_state_dict`` would (``rename_old_keys``)."""
+    for name, module in model.named_modules():
+        if hasattr(module, "rename_old_keys"):
+            module.rename_old_keys(tensors, f"{name}." if name else "")
     want = model.state_dict()
     for name, t in tensors.items():
         if name not in want:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from rltok.errors import RltokError
 
@@ -162,3 +163,27 @@ def test_older_formats_open_without_the_keys_added_since(smoke_runs, tmp_path, f
     _edit(run, lambda d: d.update(format_version=FORMAT_VERSION))
     with pytest.raises(RltokError, match="missing key"):
         rltok.load(run)
+
+
+def test_a_format_10_run_with_flat_weight_names_loads(smoke_runs, tmp_path):
+    """A run trained before stages were recursive (format 10: flat parameter names such as
+    ``boundary.proj.bias``) loads: its names are renamed before they are checked against the
+    model (the check once refused them, so a study could not evaluate an older run)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file, save_file
+
+    import rltok
+
+    old_names = json.loads((Path(__file__).parent / "data" / "format10_keys.json").read_text())["rl"]
+    run = tmp_path / "v10"
+    shutil.copytree(smoke_runs["rl"], run)
+    want = rltok.load(run).state_dict()
+    assert len(want) == len(old_names)
+    save_file({old: t.contiguous() for old, t in zip(old_names, want.values())}, str(run / "model.safetensors"))
+    assert "boundary.proj.bias" in load_file(str(run / "model.safetensors"))
+    _edit(run, lambda d: d.update(format_version=10))
+    got = rltok.load(run).state_dict()
+    assert list(got) == list(want)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k

@@ -96,6 +96,12 @@ class ByteUNet(nn.Module, HubMixin):
         self.chunk_caps = ChunkCaps.initial(rate, cfg.chunk_cap_row, cfg.chunk_cap_total, cfg.chunk_pad_multiple)
         self._register_load_state_dict_pre_hook(_rename_flat_keys)
 
+    @staticmethod
+    def rename_old_keys(state_dict: dict, prefix: str = "") -> None:
+        """What ``load_state_dict`` does first to a format <= 10 checkpoint (flat names renamed to
+        the recursive layout), for a reader that checks the names before loading."""
+        _rename_flat_keys(state_dict, prefix)
+
     def _build_stage(self, level: int, routers: RouterFactory, chunker, dechunker) -> Stage:
         cfg = self.cfg
         d, h, eps = cfg.d_model, cfg.n_heads, cfg.norm_eps
