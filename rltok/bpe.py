@@ -271,9 +271,12 @@ def prepare_tokenizer(opts: TokenizerOptions, target_rate: float, train_corpus, 
     if bc.tokenizer:
         src = Path(bc.tokenizer).expanduser()
         tok = load_tokenizer(src)
+        # tokens must cover the bytes as they are: a normalizer (GPT-NeoX's NFC) would change them
+        normalizer = tok.normalizer is not None
+        tok.normalizer = None
         rate = tokens_per_byte(tok, docs)
         info = {"source": str(src), "vocab_size": tok.get_vocab_size(), "rate": rate,
-                "rate_measured_on": "training documents used for fitting"}
+                "rate_measured_on": "training documents used for fitting", "normalizer_removed": normalizer}
     elif bc.vocab_size > 0:
         tok = train_bpe(docs, bc.vocab_size)
         rate = tokens_per_byte(tok, docs)

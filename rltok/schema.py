@@ -320,7 +320,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 12
+FORMAT_VERSION = 13
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -341,6 +341,8 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.flop_price_in": 11,
     # format 12: the controller's offset as a function of the requested rate (issue 38)
     "boundary.rate_offset_knots": 12,
+    # format 13: bpe-lm's FLOP matching with or without the output heads (bytes had flat.match already)
+    "flat.match": 13,
     # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
     # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
     # run's); match arrived in format 4 as boundary.match, upsample and pool in 3

@@ -203,6 +203,58 @@ def test_bpe_lm_matches_unet_flops(tmp_path, hello_tok):
     assert ours == pytest.approx(ref, rel=0.01)
 
 
+
+def test_bpe_lm_body_flops_leaves_both_models_heads_out():
+    """A production vocabulary (GPT-NeoX's 50,280 tokens at 0.215 tokens/byte) at `tiny`: its head
+    alone costs more than the whole U-Net, so flops-matching leaves one layer and still overspends;
+    body_flops matches the FLOPs without either model's output heads (the U-Net's: 2 x d x 257 at
+    every byte, hand-counted)."""
+    from rltok.flat.reference import reference_unet_head_flops
+    from rltok.schema import N_OUTPUT_IDS
+
+    over = {"flat.token_rate": 0.215, "flat.vocab_size": 50280}
+    cfg = build_config("bpe-lm", "tiny", overrides=over)
+    d = cfg.model.d_model
+    assert reference_unet_head_flops(cfg) == 6 * d * N_OUTPUT_IDS * 2
+    ref = unet_flops(reference_unet(cfg), cfg, cfg.boundary.target_rate).per_byte
+    with torch.device("meta"):
+        flops_matched = get_method("bpe-lm").build(cfg, None)
+    head = 6 * d * (50280 + 1) * 0.215
+    assert head > ref and len(flops_matched.blocks) == 1  # cannot be matched: the head is too dear
+    cfg = build_config("bpe-lm", "tiny", overrides={**over, "flat.match": "body_flops"})
+    with torch.device("meta"):
+        model = get_method("bpe-lm").build(cfg, None)
+    ours = training_flops_per_byte(model, cfg).per_byte
+    assert len(model.blocks) > 4
+    assert ours - head == pytest.approx(ref - 6 * d * N_OUTPUT_IDS * 2, rel=0.01)
+
+
+def test_a_given_tokenizer_is_used_without_its_normalizer(tmp_path, hello_tok):
+    """A tokenizer file with a normalizer (GPT-NeoX's NFC) would change the bytes it tokenizes
+    (a decomposed é becomes 2 bytes, not 3): the run keeps it without one, so its tokens cover the
+    bytes as they are."""
+    import json
+
+    from tokenizers import normalizers
+
+    from rltok.flat.config import TokenLMConfig
+
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(hello_tok.to_str())  # a copy: the fixture is shared
+    tok.normalizer = normalizers.NFC()
+    src = tmp_path / "nfc.json"
+    tok.save(str(src))
+    text = "naïve cafe\u0301 ".encode() * 20  # e + combining acute: NFC composes it
+    opts = TokenLMConfig(tokenizer=str(src))
+    info = bpe_lib.prepare_tokenizer(opts, 0.2, Corpus.from_docs([text]), tmp_path / "run", "test")
+    assert info["normalizer_removed"] is True
+    tok = bpe_lib.load_tokenizer(tmp_path / "run" / "tokenizer.json")
+    assert tok.normalizer is None
+    assert sum(encode_many(tok, [text])[0][1]) == len(text)
+    assert json.loads(src.read_text())["normalizer"] is not None  # the user's file is left as it was
+
+
 # -- bytes ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("preset", ["smoke", "tiny", "147M"])

@@ -53,6 +53,8 @@ RUNGS = {"2M": 2_000_000, "8M": 8_000_000, "32M": 32_000_000}
 COMMON = ["--preset", "tiny", "--data", "prose"]
 # rltok's integral controller, with anti-windup (the v2 study's offset drifted toward its clamp)
 HOLD = ["boundary.rate_integral_gain=1", "boundary.rate_antiwindup=true"]
+# GPT-NeoX-20B's BPE as `rltok data fetch-evals` stores it (rltok.tasks.evals_dir)
+NEOX = Path(os.environ.get("RLTOK_CACHE", Path.home() / ".cache" / "rltok")) / "evals" / "gpt-neox-20b.json"
 VARIANTS: dict[str, tuple[str, list[str]]] = {
     "rl": ("rl", HOLD),
     "rl-penalty": ("rl", []),  # the paper's rate control only
@@ -75,6 +77,11 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # evaluated at BPE's own rate is its partner; the rate is read from the rung's bpe seed-1
     # cell (PARTNER_OF, set_target)
     "rl-bpe-rate": ("rl", HOLD),
+    # added before the 8 MB rung started (2026-12-05): the article's head-to-head, a BPE-token LM
+    # over a production vocabulary (GPT-NeoX-20B's 50,280 tokens, `rltok data fetch-evals`). Its
+    # head alone costs 1.3x the `tiny` U-Net's training FLOPs per byte, so total FLOPs cannot be
+    # matched: its body (all but the output heads) is matched and its head comes on top
+    "bpe-lm-neox": ("bpe-lm", [f"flat.tokenizer={NEOX}", "flat.match=body_flops"]),
 }
 PARTNER_OF = {"rl-bpe-rate": "bpe"}  # tag -> the cell whose rates it is trained and evaluated at
 ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against rl-penalty
@@ -86,7 +93,7 @@ ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against
     "abl-no-rate-penalty": ("rl", ["boundary.rate_weight=0"]),
 }
 TOP = ("rl", "rl-penalty", "uniform", "nawrot", "hnet", "bytes", "bpe-lm", "bpe", "rl-bpe-rate")
-LADDER = {"2M": TOP, "8M": tuple(VARIANTS) + tuple(ABLATIONS), "32M": TOP}
+LADDER = {"2M": TOP, "8M": tuple(VARIANTS) + tuple(ABLATIONS), "32M": (*TOP, "bpe-lm-neox")}
 FIVE_SEEDS = ("rl", "uniform", "nawrot", "hnet", "bpe", "rl-bpe-rate")  # at 8 and 32 MB: the close comparisons
 
 
@@ -111,6 +118,8 @@ def ready(rung: str, tag: str) -> bool:
 def train_overrides(rung: str, tag: str) -> list[str]:
     """The tag's --set overrides; a rate partner trains at its partner's late training rate."""
     sets = list(variants()[tag][1])
+    if tag == "bpe-lm-neox" and not NEOX.is_file():
+        raise RuntimeError(f"{NEOX}: no GPT-NeoX tokenizer (`rltok data fetch-evals` stores it)")
     if tag in PARTNER_OF:
         p = partner_record(rung, tag)
         if p is None:
@@ -402,7 +411,8 @@ SET_NAMES = {"test": "prose test (whole)", "test512": "prose test (first 512 byt
 # the pre-registered comparisons (results/study-prose/README.md): (method, reference)
 COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"), ("rl", "rl-penalty"),
                ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot"), ("rl", "entropy"),
-               ("rl-bpe-rate", "bpe")] + [(a, "rl-penalty") for a in ABLATIONS]
+               ("rl-bpe-rate", "bpe"), ("rl", "bpe-lm-neox"), ("bpe-lm-neox", "bpe-lm")
+               ] + [(a, "rl-penalty") for a in ABLATIONS]
 
 
 def summarize(cells: list[dict]) -> dict:

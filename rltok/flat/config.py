@@ -46,10 +46,16 @@ class TokenLMConfig(TokenizerOptions, FlatConfig):
     """The tokenizer's options (``TokenizerOptions``) under ``flat.*``, and its measured rate."""
 
     token_rate: float = 0.0  # tokens per byte of the tokenizer (measured at setup); 0: target_rate
+    # flops: the reference U-Net's training FLOPs per byte; body_flops: the same with each model's
+    # output head left out (a production vocabulary's head alone can cost more than the whole
+    # small U-Net: GPT-NeoX's 50k-token head is 1.3x the `tiny` U-Net's FLOPs at 0.215 tokens/byte)
+    match: str = "flops"
 
     def validate(self) -> None:
         super().validate()
         self.check_tokenizer_options("flat")
+        if self.match not in ("flops", "body_flops"):
+            raise RltokError(f"flat.match={self.match!r} must be flops or body_flops")
         if self.token_rate < 0:
             raise RltokError(f"flat.token_rate={self.token_rate} must be >= 0")
 

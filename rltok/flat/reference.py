@@ -27,6 +27,14 @@ def reference_unet_flops(cfg: RunConfig) -> FlopCount:
     return unet_flops(reference_unet(cfg), cfg, cfg.boundary.target_rate)
 
 
+def reference_unet_head_flops(cfg: RunConfig) -> float:
+    """Training FLOPs per byte of the reference U-Net's output heads (applied at every byte, twice:
+    the early exit and the prediction), part of ``reference_unet_flops``."""
+    m = reference_unet(cfg)
+    heads = [m.head, m.head] if m.cfg.shared_head else [m.head, m.early_head]
+    return 6.0 * sum(p.numel() for h in heads for p in h.parameters() if p.dim() >= 2)
+
+
 def reference_unet_params(cfg: RunConfig) -> int:
     return sum(p.numel() for p in reference_unet(cfg).parameters())
 

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from ..bpe import encode_many, load_run_tokenizer, prepare_tokenizer
 from ..errors import RltokError
-from .reference import reference_unet_flops, size_to_flops
+from .reference import reference_unet_flops, reference_unet_head_flops, size_to_flops
 from ..flops import FlopCount, flat_flops, mean_causal_keys, training_flops_per_byte
 from ..objectives import LN2, ScoreOutput, StepLoss, boundary_counts, per_position_ce, score, training_loss
 from ..registry import MethodSpec, register
@@ -52,9 +52,13 @@ _PLACEHOLDER_VOCAB = 512  # vocabulary of an untrained model built without a tok
 
 
 def size_bpe_lm(cfg: RunConfig, vocab: int, token_rate: float) -> tuple[int, int]:
-    """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's."""
+    """(layers, MLP width) with training FLOPs per byte equal to the reference U-Net's
+    (``flat.match=flops``), or equal to them with each model's output head left out
+    (``body_flops``: the token LM then spends its head's FLOPs on top)."""
     bc, d, S = cfg.flat, cfg.model.d_model, cfg.model.seq_len
     target = reference_unet_flops(cfg).per_byte / token_rate  # FLOPs per token
+    if bc.match == "body_flops":
+        target += 6 * d * (vocab + 1) - reference_unet_head_flops(cfg) / token_rate
     return size_to_flops(target, d, vocab + 1, mean_causal_keys(token_rate * S), bc.n_layers, bc.mlp_hidden)
 
 
@@ -81,6 +85,11 @@ def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
     ours, ref = flat_flops(model, cfg.model.seq_len, bc.token_rate).per_byte, reference_unet_flops(cfg).per_byte
     print(f"bpe-lm: {bc.n_layers} layers, MLP width {bc.mlp_hidden}: {ours / ref:.3f}x the U-Net's "
           f"training FLOPs per byte", file=sys.stderr)
+    if bc.match == "body_flops":  # matched without the heads; the ratio above is what it spends
+        head = 6 * cfg.model.d_model * model.head.out_features * bc.token_rate
+        ours, ref = ours - head, ref - reference_unet_head_flops(cfg)
+        print(f"bpe-lm: {ours / ref:.3f}x the U-Net's training FLOPs per byte without output heads "
+              f"(flat.match=body_flops)", file=sys.stderr)
     if abs(ours / ref - 1) > 0.05:
         print(f"bpe-lm: warning: FLOPs could not be matched within 5% (the vocabulary head of "
               f"{info['vocab_size']:,} tokens costs too much at d_model={cfg.model.d_model})", file=sys.stderr)
