@@ -1,0 +1,177 @@
+"""Issue 38's rate–compute frontier on prose: bits/byte against training FLOPs per byte, `tiny`
+preset, `--data prose` (the prose study's corpus and split), 3 seeds per point.
+
+Rows (one training run per row and seed):
+  rl_r{R}       rl with the study's integral controller (anti-windup) at target rate R
+  uniform_r{R}  uniform chunks at R
+  cond          one rate-conditioned rl (rates drawn from uniform:0.1:0.4 in training, offset
+                knots), scored at each R: the request set, then the trim calibrated to R
+  hinge         rl with the one-sided rate loss (ceiling 0.2)
+  price_{λ}     rl without the rate penalty, a compute price λ in the REINFORCE reward
+R in RATES. At 8 MB, rl_r0.2, uniform_r0.2 and the FLOP-matched BPE-token LM are the prose
+study's `rl`, `uniform` and `bpe-lm` cells (same settings, seeds, corpus and test set), read from
+results/study-prose/cells/8M/ and not trained again.
+
+Measurement, as the study's `test` set: every byte of every document of the prose test split
+(1,000 documents), scored in windows; a router with a rate knob is calibrated to the point's rate
+on the prose validation split (BOS + first 512 bytes of 128 documents) and, if the test split then
+misses by more than 0.005, read at the rate between two scorings (rltok.evaluate.score_at_rate);
+a priced or hinge run is scored as it stands (its rate is the result). FLOPs per byte: training
+FLOPs at the rate measured on the test split.
+
+    python results/rates/frontier.py --bytes 8M --seeds 1,2,3 [--rows rl,uniform,cond,hinge,price] [--prices 0.05]
+    python results/rates/frontier.py --bytes 2M,8M,32M --rows rl --seeds 1,2,3   # the best rate vs budget
+
+Resumable: a run with a summary is not trained again, a finished point is not measured again.
+Record: results/rates/frontier.json (one row per point: bytes, tag, seed, requested rate, rate,
+bpb, bpb SE, FLOPs per byte, whitespace recall, how the rate was matched)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORD = Path(__file__).with_name("frontier.json")
+STUDY_CELLS = ROOT / "results" / "study-prose" / "cells"
+RATES = (0.1, 0.15, 0.2, 0.3, 0.4)
+HOLD = ["boundary.rate_integral_gain=1", "boundary.rate_antiwindup=true"]
+COND = ["boundary.rate_schedule=uniform:0.1:0.4", "boundary.rate_offset_knots=5", *HOLD]
+CAL_DOCS, CAL_TOL, MATCH_TOL = 128, 0.004, 0.005  # as the prose study's
+STUDY_TAG = {"rl_r0.2": "rl", "uniform_r0.2": "uniform", "bpe-lm": "bpe-lm"}  # read from the study's cells
+
+
+def runs_of(rows: list[str], prices: list[float]) -> dict[str, tuple[str, list[str], tuple]]:
+    """tag -> (method, --set overrides, the rates the run is scored at; () for its own rate)."""
+    out: dict[str, tuple[str, list[str], tuple]] = {}
+    for r in RATES:
+        if "rl" in rows:
+            out[f"rl_r{r:g}"] = ("rl", [*HOLD, f"boundary.target_rate={r:g}"], (r,))
+        if "uniform" in rows:
+            out[f"uniform_r{r:g}"] = ("uniform", [f"boundary.target_rate={r:g}"], (r,))
+    if "cond" in rows:
+        out["cond"] = ("rl", COND, RATES)
+    if "hinge" in rows:
+        out["hinge"] = ("rl", ["boundary.rate_loss=hinge"], ())
+    if "price" in rows:
+        for lam in prices:
+            out[f"price_{lam:g}"] = ("rl", ["boundary.rate_weight=0", f"boundary.flop_price={lam:g}"], ())
+    if "bpe-lm" in rows:
+        out["bpe-lm"] = ("bpe-lm", ["flat.vocab_size=8192"], ())
+    return out
+
+
+def train(run: Path, method: str, sets: list[str], size: str, seed: int) -> None:
+    if (run / "summary.json").is_file():
+        return
+    cmd = [sys.executable, "-m", "rltok", "train", "--method", method, "--preset", "tiny", "--data", "prose",
+           "--bytes", size, "--seed", str(seed), "--threads", "1", "--no-progress", "--out", str(run)]
+    for s in sets:
+        cmd += ["--set", s]
+    if (run / "config.json").is_file():
+        cmd.append("--resume")
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with open(run.parent / f"{run.name}.log", "a") as log:
+        subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def measure(run: Path, rate: float | None, docs: int | None = None) -> dict:
+    """The point of ``run`` at ``rate`` (None: as it stands) on the prose test split."""
+    import rltok
+    from rltok.data import load_splits
+    from rltok.evaluate import calibrate_rate, evaluate_corpus, rate_knob, score_at_rate
+    from rltok.flops import training_flops_per_byte
+    from rltok.rates import requested_rate, schedule_of
+
+    model = rltok.load(run)
+    cfg = model.run_config
+    splits = load_splits(cfg)
+    kw = dict(dtype=cfg.train.dtype, batch_size=16)
+    sched = schedule_of(model)
+    conditioned = rate is not None and sched is not None and sched.conditioned
+    row: dict = {"requested_rate": rate}
+    with requested_rate(model, rate if conditioned else None):
+        if rate is None or rate_knob(model) is None:
+            res = evaluate_corpus(model, splits.test, cfg.model.seq_len, whole=True, docs=docs, **kw)
+            row["rate_match"] = "as trained" if rate_knob(model) is not None else "exact"
+        else:
+            c = calibrate_rate(model, splits.val, cfg.model.seq_len, rate, docs=CAL_DOCS, tol=CAL_TOL, **kw)
+            res, match = score_at_rate(model, splits.test, cfg.model.seq_len, rate, calibration=splits.val,
+                                       cal_docs=CAL_DOCS, cal_tol=CAL_TOL, tol=MATCH_TOL,
+                                       score_kw={"whole": True, "docs": docs}, **kw)
+            row["calibration"] = {"value": c.value, "rate": c.rate, "before_value": c.before_value,
+                                  "before_rate": c.before_rate}
+            row["rate_match"] = asdict(match)
+    row.update(rate=res.rate, bpb=res.bpb, bpb_se=res.bpb_se, docs=res.docs, bytes_scored=res.bytes,
+               whitespace_recall=res.whitespace_recall)
+    row["flops_per_byte"] = training_flops_per_byte(model, cfg, res.rate).per_byte  # tokens per byte for bpe-lm
+    summary = json.loads((run / "summary.json").read_text())
+    row.update(train_seconds=summary.get("train_seconds"), dtype=summary.get("dtype"),
+               val_rate_end_of_training=summary.get("val_rate"))
+    return row
+
+
+def study_point(size: str, tag: str, seed: int) -> dict | None:
+    """A point the prose study measured the same way (its `test` set), or None if not yet."""
+    p = STUDY_CELLS / size / f"{STUDY_TAG[tag]}_s{seed}.json"
+    if not p.is_file():
+        return None
+    c = json.loads(p.read_text())
+    t = c["test"]
+    rate = t.get("rate")
+    return {"requested_rate": float(tag.split("_r")[1]) if "_r" in tag else None,
+            "rate": rate, "bpb": t["bpb"], "bpb_se": t["bpb_se"], "docs": t["docs"], "bytes_scored": t["bytes"],
+            "whitespace_recall": t.get("whitespace_recall"), "flops_per_byte": t.get("flops_per_byte",
+                                                                                    c["flops_per_byte_train"]),
+            "rate_match": (t.get("rate_match") or {}).get("how", "exact"), "from": str(p.relative_to(ROOT))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bytes", default="8M", help="comma-separated: 2M, 8M, 32M")
+    ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--rows", default="rl,uniform,cond,hinge,price,bpe-lm")
+    ap.add_argument("--prices", default="", help="compute prices λ for the price rows")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "frontier"))
+    ap.add_argument("--record", default=str(RECORD))
+    ap.add_argument("--docs", type=int, default=None, help="score only the first N test documents (a smoke check)")
+    args = ap.parse_args()
+    rows = args.rows.split(",")
+    prices = [float(p) for p in args.prices.split(",") if p]
+    record = Path(args.record)
+    rec = json.loads(record.read_text()) if record.is_file() else {"preset": "tiny", "data": "prose", "rows": []}
+    have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
+    for seed in (int(s) for s in args.seeds.split(",")):
+        for size in args.bytes.split(","):
+            for tag, (method, sets, rates) in runs_of(rows, prices).items():
+                todo = [r for r in (rates or (None,)) if (size, tag, seed, r) not in have]
+                if not todo:
+                    continue
+                if size == "8M" and tag in STUDY_TAG:
+                    point = study_point(size, tag, seed)
+                    if point is None:
+                        print(f"{size} {tag} s{seed}: waits for the prose study's cell", flush=True)
+                        continue
+                    points = [point]
+                else:
+                    run = Path(args.out) / size / f"{tag}_s{seed}"
+                    train(run, method, sets, size, seed)
+                    points = [measure(run, r, args.docs) for r in todo]
+                for p in points:
+                    row = {"bytes": size, "tag": tag, "method": method, "seed": seed, "overrides": sets, **p}
+                    rec["rows"].append(row)
+                    have.add((size, tag, seed, p["requested_rate"]))
+                    record.write_text(json.dumps(rec, indent=1) + "\n")
+                    print(f"{size} {tag} s{seed} at {p['requested_rate']}: rate {p['rate']:.3f} bpb {p['bpb']:.4f} "
+                          f"FLOPs/byte {p['flops_per_byte'] / 1e6:.2f}M", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
