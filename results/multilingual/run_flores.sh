@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 39's training runs: the tiny preset on the built-in multilingual corpus at T = 2, 8 MB each,
-# seeds 42, 1, 2, two runs side by side at one thread each:
+# seeds 42, 1, 2, two runs side by side at one thread each (JOBS=1: one at a time):
 #   rl (the paper's batch rate penalty), rl-doc (one controller per document), rl-content
 #   (boundaries in proportion to each document's information, boundary.rate_scope=content),
 #   entropy (BLT's entropy patching), bpe (BPE guidance, its BPE fitted on the same T = 2 text at
@@ -19,7 +19,7 @@ for s in 42 1 2; do
   jobs+=("rl $s -" "rl-doc $s boundary.rate_scope=document" "rl-content $s boundary.rate_scope=content"
          "entropy $s -" "bpe $s -" "uniform $s -")
 done
-printf '%s\n' "${jobs[@]}" | xargs -P 2 -L 1 bash -c '
+printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -L 1 bash -c '
   name=$0; seed=$1; extra=$2; method=${name%-doc}; method=${method%-content}; d='"$out"'/${name}_s${seed}
   set=(); [ "$extra" = - ] || set=(--set "$extra")
   tok='"$out"'/bpe_s42/tokenizer.json
