@@ -185,7 +185,7 @@ def measure_tokenizers(runs: Path) -> dict:
 
 
 def cmd_flores_tokenizers(args) -> int:
-    dest = OUT / "measure"
+    dest = OUT / args.into
     dest.mkdir(parents=True, exist_ok=True)
     res = measure_flores_tokenizers(Path(args.runs) if args.runs else None)
     (dest / "_flores_tokenizers.json").write_text(json.dumps(res, indent=1))
@@ -198,7 +198,7 @@ def cmd_measure(args) -> int:
 
     set_threads(args.threads)
     runs = Path(args.runs)
-    dest = OUT / "measure"
+    dest = OUT / args.into
     dest.mkdir(parents=True, exist_ok=True)
     if args.shard.startswith("0/") and not (dest / "_tokenizers.json").is_file() \
             and (runs / "bpe_s42" / "tokenizer.json").is_file():
@@ -333,9 +333,19 @@ def cmd_report(args) -> int:
                                    for m in ms]) for k in keys}
         summary[v]["max_over_min"] = {k: _mean_se([m["metrics"][k]["max_over_min"] for m in ms])
                                       for k in keys if isinstance(ms[0]["metrics"][k], dict)}
-    ft = meas / "_flores_tokenizers.json"
+    # the FLORES study's runs (8 MB, issue 39) are measured into their own folder: their names
+    # (rl_s1, ...) are the 4 MB study's too
+    fl = OUT / FLORES_RECORDS
+    flores_runs = by_variant
+    if fl.is_dir():
+        flores_runs = {}
+        for p in sorted(fl.glob("*.json")):
+            if not p.stem.startswith("_"):
+                m = json.loads(p.read_text())
+                flores_runs.setdefault(_variant(m), []).append(m)
+    ft = fl / "_flores_tokenizers.json" if (fl / "_flores_tokenizers.json").is_file() else meas / "_flores_tokenizers.json"
     result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
-              "flores": flores_section(by_variant, json.loads(ft.read_text()) if ft.is_file() else None),
+              "flores": flores_section(flores_runs, json.loads(ft.read_text()) if ft.is_file() else None),
               "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",
                         "reference": "Debian Reference ch03+ch08, parallel, 11 languages",
                         "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
@@ -348,6 +358,7 @@ def cmd_report(args) -> int:
     return 0
 
 
+FLORES_RECORDS = "measure-8M"  # the FLORES study's measurements (run_flores.sh: measure --into)
 GOAL = 0.8  # issue 39: a learned policy's CV of chunks per content <= 0.8x the same-data BPE's
 
 
@@ -510,12 +521,15 @@ def main(argv=None) -> int:
     m.add_argument("--shard", default="0/1", help="K/N: measure every N-th run from the K-th (run N side by side)")
     m.add_argument("--only", default="", help="NAME[,NAME]: measure only these runs (a run measured as soon as "
                                               "it has trained keeps its record when the session's runs are lost)")
+    m.add_argument("--into", default="measure", help="records folder under the results folder (the FLORES "
+                                                     f"study's 8 MB runs: {FLORES_RECORDS})")
     m.set_defaults(func=cmd_measure)
     pic = sub.add_parser("pictures")
     pic.add_argument("runs", nargs="+")
     pic.set_defaults(func=cmd_pictures)
     ft = sub.add_parser("flores-tokenizers", help="GPT-NeoX's BPE (and RUNS/bpe_s42's, where present) on FLORES-200")
     ft.add_argument("runs", nargs="?", default="")
+    ft.add_argument("--into", default="measure")
     ft.set_defaults(func=cmd_flores_tokenizers)
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)

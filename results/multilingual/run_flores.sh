@@ -5,11 +5,12 @@
 #   (boundaries in proportion to each document's information, boundary.rate_scope=content),
 #   entropy (BLT's entropy patching), bpe (BPE guidance, its BPE fitted on the same T = 2 text at
 #   r*; the seeds share the first run's tokenizer) and uniform.
-# Usage: bash results/multilingual/run_flores.sh [OUTDIR]   (resumable: a finished run is skipped)
+# Usage: bash results/multilingual/run_flores.sh [OUTDIR]   (resumable: a finished run is skipped;
+#        ML_RESULTS=DIR writes the measurements under DIR/measure-8M, e.g. the main checkout's results/multilingual)
 # Each run is measured as soon as it has trained (MEASURE=0 skips it); or later:
-#       python tools/multilingual_study.py measure OUTDIR   (FLORES-200: each rate knob calibrated
+#       python tools/multilingual_study.py measure OUTDIR --into measure-8M   (FLORES-200: each rate knob calibrated
 #       on sentences 0-505 of the training languages, all 204 languages scored on 506-1011)
-#       python tools/multilingual_study.py flores-tokenizers OUTDIR && python tools/multilingual_study.py report
+#       python tools/multilingual_study.py flores-tokenizers OUTDIR --into measure-8M && python tools/multilingual_study.py report
 # RLTOK="python -m rltok" with PYTHONPATH=<a frozen checkout> keeps edits of the working tree out of the runs.
 set -u
 out=${1:-runs/multilingual-flores}
@@ -32,4 +33,4 @@ printf '%s\n' "${jobs[@]}" | xargs -P "${JOBS:-2}" -L 1 bash -c '
   # measured at once (FLORES, UDHR, Reference): its record in results/multilingual/measure/ outlives
   # the run folder, which a new session does not have
   [ "${MEASURE:-1}" = 1 ] && [ -f "$d/summary.json" ] && \
-    ${PYTHON:-python} tools/multilingual_study.py measure '"$out"' --only ${name}_s${seed} >> "$d.log" 2>&1'
+    ${PYTHON:-python} tools/multilingual_study.py ${ML_RESULTS:+--results $ML_RESULTS} measure '"$out"' --into measure-8M --only ${name}_s${seed} >> "$d.log" 2>&1'
