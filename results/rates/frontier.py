@@ -8,6 +8,10 @@ Rows (one training run per row and seed):
                 knots), scored at each R: the request set, then the trim calibrated to R
   hinge         rl with the one-sided rate loss (ceiling 0.2)
   price_{λ}     rl without the rate penalty, a compute price λ in the REINFORCE reward
+  opt_*         the five options never measured (rows `options`), each rl at 0.2 with the study's
+                controller plus one option, against rl_r0.2: the off-policy warm start (the first
+                10% of the training bytes; the paper's runs disable it and give no length), whitespace
+                prescribed, the deviation upsampler, mean pooling, one shared head
 R in RATES. At 8 MB, rl_r0.2, uniform_r0.2 and the FLOP-matched BPE-token LM are the prose
 study's `rl`, `uniform` and `bpe-lm` cells (same settings, seeds, corpus and test set), read from
 results/study-prose/cells/8M/ and not trained again.
@@ -43,10 +47,17 @@ RATES = (0.1, 0.15, 0.2, 0.3, 0.4)
 HOLD = ["boundary.rate_integral_gain=1", "boundary.rate_antiwindup=true"]
 COND = ["boundary.rate_schedule=uniform:0.1:0.4", "boundary.rate_offset_knots=5", *HOLD]
 CAL_DOCS, CAL_TOL, MATCH_TOL = 128, 0.004, 0.005  # as the prose study's
+OPTIONS = {"opt_warm_start": "boundary.warm_start_bytes={warm}", "opt_prescribed": "boundary.prescribed=whitespace",
+           "opt_deviation": "dechunker.upsample=deviation", "opt_mean_pool": "chunker.pool=mean",
+           "opt_shared_head": "model.shared_head=true"}
 STUDY_TAG = {"rl_r0.2": "rl", "uniform_r0.2": "uniform", "bpe-lm": "bpe-lm"}  # read from the study's cells
 
 
-def runs_of(rows: list[str], prices: list[float]) -> dict[str, tuple[str, list[str], tuple]]:
+def bytes_of(size: str) -> int:
+    return int(float(size[:-1]) * {"K": 1e3, "M": 1e6, "G": 1e9}[size[-1]]) if size[-1] in "KMG" else int(size)
+
+
+def runs_of(rows: list[str], prices: list[float], size: str = "8M") -> dict[str, tuple[str, list[str], tuple]]:
     """tag -> (method, --set overrides, the rates the run is scored at; () for its own rate)."""
     out: dict[str, tuple[str, list[str], tuple]] = {}
     for r in RATES:
@@ -61,6 +72,9 @@ def runs_of(rows: list[str], prices: list[float]) -> dict[str, tuple[str, list[s
     if "price" in rows:
         for lam in prices:
             out[f"price_{lam:g}"] = ("rl", ["boundary.rate_weight=0", f"boundary.flop_price={lam:g}"], ())
+    if "options" in rows:
+        for tag, opt in OPTIONS.items():
+            out[tag] = ("rl", [*HOLD, opt.format(warm=bytes_of(size) // 10)], (0.2,))
     if "bpe-lm" in rows:
         out["bpe-lm"] = ("bpe-lm", ["flat.vocab_size=8192"], ())
     return out
@@ -109,7 +123,8 @@ def measure(run: Path, rate: float | None, docs: int | None = None) -> dict:
                                   "before_rate": c.before_rate}
             row["rate_match"] = asdict(match)
     row.update(rate=res.rate, bpb=res.bpb, bpb_se=res.bpb_se, docs=res.docs, bytes_scored=res.bytes,
-               whitespace_recall=res.whitespace_recall)
+               whitespace_recall=res.whitespace_recall, word_start_recall=res.word_start_recall,
+               boundary_enrichment=res.boundary_enrichment, per_doc_bpb=res.per_doc_bpb)
     row["flops_per_byte"] = training_flops_per_byte(model, cfg, res.rate).per_byte  # tokens per byte for bpe-lm
     summary = json.loads((run / "summary.json").read_text())
     row.update(train_seconds=summary.get("train_seconds"), dtype=summary.get("dtype"),
@@ -127,7 +142,9 @@ def study_point(size: str, tag: str, seed: int) -> dict | None:
     rate = t.get("rate")
     return {"requested_rate": float(tag.split("_r")[1]) if "_r" in tag else None,
             "rate": rate, "bpb": t["bpb"], "bpb_se": t["bpb_se"], "docs": t["docs"], "bytes_scored": t["bytes"],
-            "whitespace_recall": t.get("whitespace_recall"), "flops_per_byte": t.get("flops_per_byte",
+            "whitespace_recall": t.get("whitespace_recall"), "word_start_recall": t.get("word_start_recall"),
+            "boundary_enrichment": t.get("boundary_enrichment"), "per_doc_bpb": t.get("per_doc_bpb"),
+            "flops_per_byte": t.get("flops_per_byte",
                                                                                     c["flops_per_byte_train"]),
             "rate_match": (t.get("rate_match") or {}).get("how", "exact"), "from": str(p.relative_to(ROOT))}
 
@@ -136,7 +153,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bytes", default="8M", help="comma-separated: 2M, 8M, 32M")
     ap.add_argument("--seeds", default="1,2,3")
-    ap.add_argument("--rows", default="rl,uniform,cond,hinge,price,bpe-lm")
+    ap.add_argument("--rows", default="rl,uniform,cond,hinge,price,bpe-lm,options")
     ap.add_argument("--prices", default="", help="compute prices λ for the price rows")
     ap.add_argument("--out", default=str(ROOT / "runs" / "frontier"))
     ap.add_argument("--record", default=str(RECORD))
@@ -149,7 +166,7 @@ def main() -> int:
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
     for seed in (int(s) for s in args.seeds.split(",")):
         for size in args.bytes.split(","):
-            for tag, (method, sets, rates) in runs_of(rows, prices).items():
+            for tag, (method, sets, rates) in runs_of(rows, prices, size).items():
                 todo = [r for r in (rates or (None,)) if (size, tag, seed, r) not in have]
                 if not todo:
                     continue

@@ -1,0 +1,151 @@
+"""Tables and the plot of issue 38's frontier, from results/rates/frontier.json (frontier.py).
+
+    python results/rates/frontier_report.py [--record results/rates/frontier.json] [--out results/rates]
+
+Writes frontier_tables.md (per budget: each point's bits/byte, rate and training FLOPs per byte,
+mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
+budget) and frontier.png (bits/byte against training FLOPs per byte, seed error bars both ways).
+Every number comes from the record."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+FAMILIES = ("rl", "uniform", "cond")  # drawn as lines through their rates
+
+
+def mean_se(xs: list[float]) -> tuple[float, float]:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    if not xs:
+        return float("nan"), float("nan")
+    m = sum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, float("nan")
+    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 / len(xs) ** 0.5
+
+
+def family(tag: str) -> str:
+    return tag.split("_r")[0] if "_r" in tag and not tag.startswith("opt_") else tag
+
+
+def points(rows: list[dict]) -> dict:
+    """(bytes, tag, requested rate) -> {seed: row}."""
+    out: dict = defaultdict(dict)
+    for r in rows:
+        out[(r["bytes"], r["tag"], r["requested_rate"])][r["seed"]] = r
+    return out
+
+
+def paired(a: dict, b: dict) -> dict:
+    sys.path.insert(0, str(ROOT / "tools"))
+    from study import paired_test  # the studies' paired t over seeds
+
+    common = sorted(set(a) & set(b))
+    t = paired_test([a[s]["bpb"] for s in common], [b[s]["bpb"] for s in common])
+    return {**t, "seeds": common}
+
+
+def _fmt(m: float, s: float, nd: int = 4) -> str:
+    if not math.isfinite(m):
+        return "—"
+    return f"{m:.{nd}f}" + (f" ± {s:.{nd}f}" if math.isfinite(s) else "")
+
+
+def tables(rec: dict) -> tuple[str, dict]:
+    pts = points(rec["rows"])
+    lines, summary = [], {}
+    for size in sorted({k[0] for k in pts}, key=lambda s: float(s[:-1])):
+        lines += [f"### {size} bytes per run", "",
+                  "| row | requested rate | seeds | test bpb | rate on test | train FLOPs/byte at that rate | whitespace recall | enrichment |",
+                  "|---|---|---|---|---|---|---|---|"]
+        keys = sorted((k for k in pts if k[0] == size), key=lambda k: (k[1].split("_")[0], k[2] or 0, k[1]))
+        for k in keys:
+            seeds = pts[k]
+            cell = {f: mean_se([r.get(f) for r in seeds.values()]) for f in
+                    ("bpb", "rate", "flops_per_byte", "whitespace_recall", "boundary_enrichment")}
+            summary[f"{size}:{k[1]}:{k[2]}"] = {f: {"mean": m, "se": s} for f, (m, s) in cell.items()} | {
+                "seeds": sorted(seeds)}
+            fl = cell["flops_per_byte"]
+            lines.append(f"| {k[1]} | {'' if k[2] is None else k[2]} | {len(seeds)} | {_fmt(*cell['bpb'])} | "
+                         f"{_fmt(*cell['rate'], 3)} | {fl[0] / 1e6:.2f}M | {_fmt(*cell['whitespace_recall'], 3)} | "
+                         f"{_fmt(*cell['boundary_enrichment'], 2)} |")
+        base = pts.get((size, "rl_r0.2", 0.2))
+        opts = [k for k in keys if k[1].startswith("opt_")]
+        if base and opts:
+            lines += ["", f"Options against rl at 0.2 ({size}; paired over seeds, two-sided t, n − 1 df):", "",
+                      "| option | seeds | Δ bpb | SE | p |", "|---|---|---|---|---|"]
+            for k in opts:
+                t = paired(pts[k], base)
+                summary[f"{size}:{k[1]}:vs_rl"] = t
+                p = t.get("p")
+                lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {t['se']:.4f} | "
+                             f"{'—' if p is None else f'{p:.3g}'} |")
+        rl = {k[2]: mean_se([r["bpb"] for r in pts[k].values()]) for k in keys if family(k[1]) == "rl"}
+        if rl:
+            best = min(rl, key=lambda r: rl[r][0])
+            summary[f"{size}:best_rl_rate"] = best
+            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*rl[best])} bits/byte)."]
+        lines.append("")
+    return "\n".join(lines), summary
+
+
+def plot(rec: dict, dest: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pts = points(rec["rows"])
+    sizes = sorted({k[0] for k in pts}, key=lambda s: float(s[:-1]))
+    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.8), squeeze=False)
+    for ax, size in zip(axes[0], sizes):
+        series: dict = defaultdict(list)
+        for k, seeds in pts.items():
+            if k[0] != size:
+                continue
+            x = mean_se([r["flops_per_byte"] / 1e6 for r in seeds.values()])
+            y = mean_se([r["bpb"] for r in seeds.values()])
+            series[family(k[1])].append((x, y, k[2], len(seeds)))
+        for name, ps in sorted(series.items()):
+            ps.sort(key=lambda p: p[0][0])
+            xs, ys = [p[0][0] for p in ps], [p[1][0] for p in ps]
+            xe, ye = [0 if math.isnan(p[0][1]) else p[0][1] for p in ps], [0 if math.isnan(p[1][1]) else p[1][1] for p in ps]
+            line = "-o" if name in FAMILIES else "s"
+            ax.errorbar(xs, ys, xerr=xe, yerr=ye, fmt=line, capsize=3, label=name, markersize=5)
+            if name in FAMILIES:
+                for p in ps:
+                    ax.annotate(f"{p[2]:g}", (p[0][0], p[1][0]), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_title(f"{size} training bytes (mean ± SE over seeds; labels: rate)")
+        ax.set_xlabel("training FLOPs per byte (millions, at the rate on test)")
+        ax.set_ylabel("prose test bits/byte (whole documents)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(dest, dpi=130)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--record", default=str(HERE / "frontier.json"))
+    ap.add_argument("--out", default=str(HERE))
+    args = ap.parse_args()
+    rec = json.loads(Path(args.record).read_text())
+    text, summary = tables(rec)
+    out = Path(args.out)
+    (out / "frontier_tables.md").write_text("# Rate–compute frontier (generated by results/rates/frontier_report.py)\n\n"
+                                            + text)
+    (out / "frontier_summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    plot(rec, out / "frontier.png")
+    print(f"wrote {out}/frontier_tables.md, frontier_summary.json, frontier.png ({len(rec['rows'])} rows)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
