@@ -362,11 +362,12 @@ def cmd_run(args) -> int:
     write_leakage()
     todo = [c for c in plan(args.rungs.split(",")) if not cell_path(*c).is_file()]
     waiting = [c for c in todo if not ready(c[0], c[1])]
-    if waiting:  # a rate partner before its partner's cell: the next run takes it
-        print(f"{len(waiting)} cells wait for their partner's cell: {waiting}", flush=True)
-        todo = [c for c in todo if c not in waiting]
     if args.tags:
         todo = [c for c in todo if c[1] in args.tags.split(",")]
+        waiting = [c for c in waiting if c[1] in args.tags.split(",")]
+    if waiting:  # a rate partner before its partner's cell: it joins once that cell is done
+        print(f"{len(waiting)} cells wait for their partner's cell: {waiting}", flush=True)
+        todo = [c for c in todo if c not in waiting]
     print(f"{len(todo)} cells to run", flush=True)
     end = time.time() + args.hours * 3600 if args.hours else None
     seconds = cell_seconds()
@@ -375,6 +376,10 @@ def cmd_run(args) -> int:
     def lane():
         while True:
             with lock:
+                joined = [c for c in waiting if ready(c[0], c[1])]
+                for c in joined:  # their partner's cell has finished: they run next
+                    waiting.remove(c)
+                todo[:0] = joined
                 c = v2.next_cell(todo, seconds, end, time.time(), args.pace, args.partial)
             if c is None:
                 return
