@@ -341,12 +341,11 @@ ADDED_KEYS: dict[str, int] = {
     "boundary.flop_price_in": 11,
     # format 12: the controller's offset as a function of the requested rate (issue 38)
     "boundary.rate_offset_knots": 12,
-    # format 13: bpe-lm's FLOP matching with or without the output heads (bytes had flat.match already)
+    # format 13: bpe-lm's FLOP matching with or without the output heads. bytes has had match
+    # since format 4 (as boundary.match; format 8 moved the flat baselines' options from boundary.*
+    # to flat.* and the stage parts' to dechunker.* and chunker.*, which rltok.config migrates):
+    # a bytes run older than 4 lacks it and keeps its shape by its recorded n_layers/mlp_hidden
     "flat.match": 13,
-    # format 8 moved the flat baselines' options from boundary.* to flat.*, and the stage parts'
-    # (upsample, pool, scan_block) to dechunker.* and chunker.* (rltok.config migrates an older
-    # run's); match arrived in format 4 as boundary.match, upsample and pool in 3
-    "flat.match": 4,
 }
 
 

@@ -187,3 +187,22 @@ def test_a_format_10_run_with_flat_weight_names_loads(smoke_runs, tmp_path):
     assert list(got) == list(want)
     for k in want:
         assert torch.equal(got[k], want[k]), k
+
+
+@pytest.mark.parametrize("fmt", [4, 9, 12])
+def test_an_older_bpe_lm_run_opens_without_flat_match(tmp_path, fmt):
+    """bpe-lm gained flat.match in format 13: an older bpe-lm run's config lacks it and opens with
+    the default (what it did: total FLOPs matched). A key listed twice in ADDED_KEYS once hid this."""
+    from rltok.config import build_config
+    from rltok.run import read_config, write_config
+
+    run = tmp_path / "bpe-lm"
+    run.mkdir()
+    write_config(run, build_config("bpe-lm", "smoke"))
+
+    def older(d):
+        d["format_version"] = fmt
+        del d["flat"]["match"]
+
+    _edit(run, older)
+    assert read_config(run).flat.match == "flops"

@@ -343,7 +343,11 @@ def cmd_report(args) -> int:
             if not p.stem.startswith("_"):
                 m = json.loads(p.read_text())
                 flores_runs.setdefault(_variant(m), []).append(m)
-    ft = fl / "_flores_tokenizers.json" if (fl / "_flores_tokenizers.json").is_file() else meas / "_flores_tokenizers.json"
+    # the tokenizers of the same study: the 8 MB runs' same-data BPE is their own bpe_s42's
+    ft = fl / "_flores_tokenizers.json" if fl.is_dir() else meas / "_flores_tokenizers.json"
+    if not ft.is_file():
+        print(f"{ft}: missing (`flores-tokenizers RUNS --into {ft.parent.name}`): the FLORES section has no "
+              "tokenizer rows and no ratio to the same-data BPE", file=sys.stderr)
     result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
               "flores": flores_section(flores_runs, json.loads(ft.read_text()) if ft.is_file() else None),
               "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",

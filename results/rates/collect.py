@@ -118,7 +118,7 @@ def price_report() -> None:
     a.set_xlabel("compute price λ (λ = 0 drawn at 3e-4)")
     a.set_ylabel("boundaries per byte on test")
     a.axhspan(0.05, 0.4, color="0.9", zorder=0)
-    b.set_xlabel("training FLOPs per byte (millions, at the test rate)")
+    b.set_xlabel("training FLOPs per byte (millions, at the validation rate)")
     b.set_ylabel("test bits/byte")
     for ax in (a, b):
         ax.grid(alpha=0.3)

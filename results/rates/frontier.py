@@ -161,7 +161,11 @@ def main() -> int:
     args = ap.parse_args()
     rows = args.rows.split(",")
     prices = [float(p) for p in args.prices.split(",") if p]
+    from rltok.checkpoint import write_json_atomic
+
     record = Path(args.record)
+    if args.docs is not None and record.resolve() == RECORD.resolve():
+        ap.error("--docs (a smoke check) needs --record elsewhere: its partial points would count as finished")
     rec = json.loads(record.read_text()) if record.is_file() else {"preset": "tiny", "data": "prose", "rows": []}
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
     for seed in (int(s) for s in args.seeds.split(",")):
@@ -179,12 +183,12 @@ def main() -> int:
                 else:
                     run = Path(args.out) / size / f"{tag}_s{seed}"
                     train(run, method, sets, size, seed)
-                    points = [measure(run, r, args.docs) for r in todo]
+                    points = (measure(run, r, args.docs) for r in todo)  # each kept as soon as it is measured
                 for p in points:
                     row = {"bytes": size, "tag": tag, "method": method, "seed": seed, "overrides": sets, **p}
                     rec["rows"].append(row)
                     have.add((size, tag, seed, p["requested_rate"]))
-                    record.write_text(json.dumps(rec, indent=1) + "\n")
+                    write_json_atomic(record, rec)
                     print(f"{size} {tag} s{seed} at {p['requested_rate']}: rate {p['rate']:.3f} bpb {p['bpb']:.4f} "
                           f"FLOPs/byte {p['flops_per_byte'] / 1e6:.2f}M", flush=True)
     return 0
