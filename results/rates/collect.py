@@ -70,13 +70,6 @@ def frontier_cells() -> list[dict]:
              else r["rate_match"]["how"], "record": "frontier.json"} for r in json.loads(path.read_text())["rows"]]
 
 
-def _mean_se(xs: list[float]) -> tuple[float, float]:
-    import numpy as np
-
-    a = np.asarray(xs, dtype=float)
-    return float(a.mean()), (float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else float("nan"))
-
-
 def price_report() -> None:
     """price_tiny.md (per λ: seeds, test rate, bits/byte and FLOPs per byte, mean ± SE over seeds)
     and price_tiny.png (rate against λ; bits/byte against FLOPs per byte), from price_tiny.json."""
@@ -92,8 +85,10 @@ def price_report() -> None:
              "first 512 bytes), boundaries sampled, no calibration: the rate is the result.", "",
              "| λ | seeds | test rate | test bits/byte | training FLOPs/byte | whitespace recall |", "|---|---|---|---|---|---|"]
 
+    from frontier_report import mean_se
+
     def fmt(xs, nd):
-        m, se = _mean_se(xs)
+        m, se = mean_se(xs)
         return f"{m:.{nd}f}" + ("" if se != se else f" ± {se:.{nd}f}")
 
     for lam in sorted(by):

@@ -41,20 +41,20 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools"))
+# the prose study's controller and rate-matching settings: the frontier's points are measured as its cells
+from study_prose import CAL_DOCS, CAL_TOL, HOLD, MATCH_TOL  # noqa: E402
+
+from rltok.cli import parse_size  # noqa: E402
+
 RECORD = Path(__file__).with_name("frontier.json")
 STUDY_CELLS = ROOT / "results" / "study-prose" / "cells"
 RATES = (0.1, 0.15, 0.2, 0.3, 0.4)
-HOLD = ["boundary.rate_integral_gain=1", "boundary.rate_antiwindup=true"]
 COND = ["boundary.rate_schedule=uniform:0.1:0.4", "boundary.rate_offset_knots=5", *HOLD]
-CAL_DOCS, CAL_TOL, MATCH_TOL = 128, 0.004, 0.005  # as the prose study's
 OPTIONS = {"opt_warm_start": "boundary.warm_start_bytes={warm}", "opt_prescribed": "boundary.prescribed=whitespace",
            "opt_deviation": "dechunker.upsample=deviation", "opt_mean_pool": "chunker.pool=mean",
            "opt_shared_head": "model.shared_head=true"}
 STUDY_TAG = {"rl_r0.2": "rl", "uniform_r0.2": "uniform", "bpe-lm": "bpe-lm"}  # read from the study's cells
-
-
-def bytes_of(size: str) -> int:
-    return int(float(size[:-1]) * {"K": 1e3, "M": 1e6, "G": 1e9}[size[-1]]) if size[-1] in "KMG" else int(size)
 
 
 def runs_of(rows: list[str], prices: list[float], size: str = "8M") -> dict[str, tuple[str, list[str], tuple]]:
@@ -74,7 +74,7 @@ def runs_of(rows: list[str], prices: list[float], size: str = "8M") -> dict[str,
             out[f"price_{lam:g}"] = ("rl", ["boundary.rate_weight=0", f"boundary.flop_price={lam:g}"], ())
     if "options" in rows:
         for tag, opt in OPTIONS.items():
-            out[tag] = ("rl", [*HOLD, opt.format(warm=bytes_of(size) // 10)], (0.2,))
+            out[tag] = ("rl", [*HOLD, opt.format(warm=parse_size(size) // 10)], (0.2,))
     if "bpe-lm" in rows:
         out["bpe-lm"] = ("bpe-lm", ["flat.vocab_size=8192"], ())
     return out
@@ -144,8 +144,7 @@ def study_point(size: str, tag: str, seed: int) -> dict | None:
             "rate": rate, "bpb": t["bpb"], "bpb_se": t["bpb_se"], "docs": t["docs"], "bytes_scored": t["bytes"],
             "whitespace_recall": t.get("whitespace_recall"), "word_start_recall": t.get("word_start_recall"),
             "boundary_enrichment": t.get("boundary_enrichment"), "per_doc_bpb": t.get("per_doc_bpb"),
-            "flops_per_byte": t.get("flops_per_byte",
-                                                                                    c["flops_per_byte_train"]),
+            "flops_per_byte": t.get("flops_per_byte", c["flops_per_byte_train"]),
             "rate_match": (t.get("rate_match") or {}).get("how", "exact"), "from": str(p.relative_to(ROOT))}
 
 

@@ -22,13 +22,13 @@ FAMILIES = ("rl", "uniform", "cond")  # drawn as lines through their rates
 
 
 def mean_se(xs: list[float]) -> tuple[float, float]:
+    """Mean and SE over seeds (nan SE below two), values that are missing or nan left out."""
+    from rltok.evaluate import standard_error
+
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return float("nan"), float("nan")
-    m = sum(xs) / len(xs)
-    if len(xs) < 2:
-        return m, float("nan")
-    return m, (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5 / len(xs) ** 0.5
+    return sum(xs) / len(xs), standard_error(xs)
 
 
 def family(tag: str) -> str:
