@@ -305,6 +305,44 @@ def read_flores(folder: str | Path, half: str = "score", keys: Sequence[str] | N
     return out
 
 
+def translated_only(docs: dict[str, Sequence[str]], reference: str) -> tuple[list[Translation], dict]:
+    """A line-aligned translation (the same documents with the same number of lines in every
+    language, as po4a writes the Debian Reference) with its untranslated lines removed: line i of
+    document j goes from *every* language when some language leaves it as the reference's line i
+    (identical after stripping) and that line holds a letter. Lines without letters (blank lines,
+    numbers, rules) stay, so what remains is the same content everywhere. Returns the
+    translations (one paragraph per document) and what went: per language, the share of its
+    lines identical to the reference's and of its bytes removed; overall, the share of line
+    positions removed."""
+    if reference not in docs:
+        raise RltokError(f"translated_only: no reference language {reference!r} among {', '.join(sorted(docs))}")
+    ref = [d.split("\n") for d in docs[reference]]
+    split = {}
+    for lang, ds in docs.items():
+        lines = [d.split("\n") for d in ds]
+        if [len(x) for x in lines] != [len(x) for x in ref]:
+            raise RltokError(f"translated_only: {lang} is not line-aligned with {reference} "
+                             f"({[len(x) for x in lines]} lines per document, {reference} {[len(x) for x in ref]})")
+        split[lang] = lines
+    worded = [[any(c.isalpha() for c in line) for line in d] for d in ref]
+    same = {lang: [[a.strip() == b.strip() and w for a, b, w in zip(d, r, ws)] for d, r, ws in zip(lines, ref, worded)]
+            for lang, lines in split.items() if lang != reference}
+    drop = [[any(same[lang][j][i] for lang in same) for i in range(len(ref[j]))] for j in range(len(ref))]
+    out, stats = [], {}
+    for lang, lines in split.items():
+        kept = ["\n".join(x for x, gone in zip(d, dr) if not gone) for d, dr in zip(lines, drop)]
+        before = sum(len(d.encode("utf-8")) for d in docs[lang])
+        after = sum(len(d.encode("utf-8")) for d in kept)
+        n_lines = sum(len(d) for d in lines)
+        identical = sum(sum(d) for d in same[lang]) / max(1, n_lines) if lang in same else None
+        stats[lang] = {"lines_identical_to_reference": identical,
+                       "bytes_removed": 1 - after / max(1, before), "bytes_kept": after}
+        out.append(Translation(key=lang, name=lang, script="", paragraphs=kept))
+    n_pos = sum(len(d) for d in drop)
+    return out, {"reference": reference, "line_positions": n_pos,
+                 "line_positions_removed": sum(sum(d) for d in drop) / max(1, n_pos), "languages": stats}
+
+
 def cross_language(texts: Sequence[Translation], models: dict[str, nn.Module] | None = None,
                    tokenizers: dict[str, object] | None = None, reference: str = "eng",
                    progress: bool = False, **kw) -> list[dict]:

@@ -148,3 +148,30 @@ def test_flores_covers_every_training_language():
         pytest.skip("../shared/data is absent")
     texts = read_flores(d, "score", keys=sorted(set(FLORES_OF.values())))
     assert len(texts) == len(set(FLORES_OF.values())) == 26
+
+
+# -- the Debian Reference without its untranslated lines (issue 39) -------------------------------
+
+def test_translated_only_drops_a_line_from_every_language_where_one_left_it_in_english():
+    from rltok.analysis import translated_only
+    docs = {"en": ["Hello world\n\n42\nInstall it"],
+            "de": ["Hallo Welt\n\n42\nInstall it"],   # line 3 left in English
+            "fr": ["Bonjour le monde\n\n42\nInstallez-le"]}
+    texts, info = translated_only(docs, "en")
+    kept = {t.key: t.paragraphs for t in texts}
+    # line 3 goes from all three; the blank line and "42" (no letter) stay everywhere
+    assert kept == {"en": ["Hello world\n\n42"], "de": ["Hallo Welt\n\n42"], "fr": ["Bonjour le monde\n\n42"]}
+    assert info["line_positions"] == 4 and info["line_positions_removed"] == 0.25
+    assert info["languages"]["de"]["lines_identical_to_reference"] == 0.25  # "Install it" (blank, 42: no letters)
+    assert info["languages"]["fr"]["lines_identical_to_reference"] == 0.0
+    assert info["languages"]["en"]["lines_identical_to_reference"] is None
+    assert info["languages"]["fr"]["bytes_removed"] == pytest.approx(1 - 20 / 33)
+    assert info["languages"]["de"]["bytes_kept"] == len("Hallo Welt\n\n42")
+
+
+def test_translated_only_refuses_text_that_is_not_line_aligned():
+    from rltok.analysis import translated_only
+    with pytest.raises(RltokError, match="de is not line-aligned with en"):
+        translated_only({"en": ["a\nb"], "de": ["a"]}, "en")
+    with pytest.raises(RltokError, match="no reference language 'en'"):
+        translated_only({"de": ["a"]}, "en")

@@ -74,7 +74,41 @@ def _parallel_sets():
     for lang, d in zip(multilingual.languages("multilingual-heldout"), multilingual.docs("multilingual-heldout")):
         by_lang.setdefault(lang, []).append(d.decode("utf-8"))
     ref = [Translation(key=lang, name=lang, script=script_of(lang), paragraphs=paras) for lang, paras in by_lang.items()]
-    return {"reference": (ref, "en"), "udhr": (read_udhr(UDHR), "eng")}
+    return {"reference": (ref, "en"), "udhr": (read_udhr(UDHR), "eng"),
+            "reference_translated": (_reference_translated(by_lang)[0], "en")}
+
+
+def _reference_translated(by_lang: dict[str, list[str]] | None = None):
+    """The Debian Reference's held-out chapters with every line some language left in English
+    removed from all languages (issue 39; rltok.analysis.translated_only), and what was removed."""
+    from rltok.analysis import translated_only
+    from rltok.data import multilingual
+    from rltok.data.languages import script_of
+
+    if by_lang is None:
+        by_lang = {}
+        for lang, d in zip(multilingual.languages("multilingual-heldout"), multilingual.docs("multilingual-heldout")):
+            by_lang.setdefault(lang, []).append(d.decode("utf-8"))
+    texts, info = translated_only(by_lang, "en")
+    for t in texts:
+        t.script = script_of(t.key)
+    return texts, info
+
+
+def add_flops(rows: list[dict], model, reference: str) -> list[dict]:
+    """Each cross_language row's training FLOPs per byte at the rate the model ran at on that
+    text (``flops_per_byte:m``) and the FLOPs for the same content relative to the reference
+    language's (``flops_rel:m``: FLOPs per byte x bytes)."""
+    from rltok.flops import training_flops_per_byte
+
+    cfg = model.run_config
+    for r in rows:
+        r["flops_per_byte:m"] = training_flops_per_byte(model, cfg, r["chunks:m"] / max(1, r["bytes"])).per_byte
+    ref = next((r for r in rows if r["lang"] == reference), None)
+    if ref is not None:
+        for r in rows:
+            r["flops_rel:m"] = r["flops_per_byte:m"] * r["bytes"] / (ref["flops_per_byte:m"] * ref["bytes"])
+    return rows
 
 
 def _test_by_language(cfg):
@@ -118,8 +152,8 @@ def measure_run(run: Path, dtype: str = "bf16") -> dict:
     out = {"run": run.name, "method": cfg.method, "seed": cfg.train.seed, "weights": model.weights,
            "rate_scope": getattr(cfg.boundary, "rate_scope", "batch"), "test": rows}
     for name, (texts, reference) in _parallel_sets().items():
-        out[name] = cross_language(texts, {"m": model}, {}, reference=reference, dtype=dtype, seed=0,
-                                   mode="sample", batch_size=16)
+        out[name] = add_flops(cross_language(texts, {"m": model}, {}, reference=reference, dtype=dtype, seed=0,
+                                             mode="sample", batch_size=16), model, reference)
     if FLORES.is_dir():
         out["flores_calibration"], out["flores"] = measure_flores(model, dtype)
     return out
@@ -143,8 +177,8 @@ def measure_flores(model, dtype: str = "bf16") -> tuple[dict | None, list[dict]]
                            batch_size=16)
         cal = {"target": model.run_config.boundary.target_rate, "rate": c.rate, "knob": c.value,
                "knob_before": c.before_value, "rate_before": c.before_rate, "docs": len(docs)}
-    return cal, cross_language(read_flores(FLORES, "score"), {"m": model}, {}, reference="eng_Latn", dtype=dtype,
-                               seed=0, mode="sample", batch_size=16)
+    return cal, add_flops(cross_language(read_flores(FLORES, "score"), {"m": model}, {}, reference="eng_Latn",
+                                         dtype=dtype, seed=0, mode="sample", batch_size=16), model, "eng_Latn")
 
 
 def measure_flores_tokenizers(runs: Path | None) -> dict:
@@ -156,6 +190,7 @@ def measure_flores_tokenizers(runs: Path | None) -> dict:
     if runs is not None and (runs / "bpe_s42" / "tokenizer.json").is_file():
         toks["bpe-same-data"] = _same_data_bpe(runs)[0]
     return {"flores": cross_language(read_flores(FLORES, "score"), {}, toks, reference="eng_Latn"),
+            "reference_translated": cross_language(_reference_translated()[0], {}, toks, reference="en"),
             "tokenizers": sorted(toks), "half": "score (sentences 506-1011)", "group": 4}
 
 
@@ -211,8 +246,60 @@ def cmd_measure(args) -> int:
         if i % n != k or not (run / "summary.json").is_file() or (dest / f"{run.name}.json").is_file():
             continue
         res = measure_run(run)
-        (dest / f"{run.name}.json").write_text(json.dumps(res, indent=1))
+        tmp = dest / f"{run.name}.json.tmp"  # whole or not at all: a reader never sees half a record
+        tmp.write_text(json.dumps(res, indent=1))
+        tmp.replace(dest / f"{run.name}.json")
         print(f"measured {run.name}", flush=True)
+    return 0
+
+
+def supplement_record(m: dict, run: Path, dtype: str = "bf16") -> list[str]:
+    """What a record measured before issue 39's last additions lacks, added in place: the
+    Debian Reference without its untranslated lines (scored at the trained rate knob, as the
+    other parallel sets are) and the FLOPs of every parallel row (from its rate; nothing
+    scored again). Returns the names of what was added."""
+    import rltok
+    from rltok.analysis import cross_language
+
+    model = rltok.load(run)
+    added = []
+    if "reference_translated" not in m:
+        texts, reference = _parallel_sets()["reference_translated"]
+        m["reference_translated"] = add_flops(cross_language(texts, {"m": model}, {}, reference=reference, dtype=dtype,
+                                                             seed=0, mode="sample", batch_size=16), model, reference)
+        added.append("reference_translated")
+    for name, reference in (("reference", "en"), ("udhr", "eng"), ("flores", "eng_Latn")):
+        if m.get(name) and "flops_per_byte:m" not in m[name][0]:
+            add_flops(m[name], model, reference)
+            added.append(f"{name} FLOPs")
+    return added
+
+
+def cmd_supplement(args) -> int:
+    from rltok.threads import set_threads
+
+    set_threads(args.threads)
+    runs, dest = Path(args.runs), OUT / args.into
+    for p in sorted(dest.glob("*.json")):
+        if p.stem.startswith("_"):
+            continue
+        if args.only and p.stem not in args.only.split(","):
+            continue
+        try:
+            m = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            print(f"{p}: not readable now (being written?); skipped", file=sys.stderr)
+            continue
+        run = runs / p.stem
+        if not (run / "summary.json").is_file():
+            print(f"{p.stem}: no finished run under {runs}; skipped", file=sys.stderr)
+            continue
+        added = supplement_record(m, run)
+        if added:
+            tmp = p.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(m, indent=1))
+            tmp.replace(p)
+            print(f"{p.stem}: added {', '.join(added)}", flush=True)
     return 0
 
 
@@ -528,6 +615,13 @@ def main(argv=None) -> int:
     m.add_argument("--into", default="measure", help="records folder under the results folder (the FLORES "
                                                      f"study's 8 MB runs: {FLORES_RECORDS})")
     m.set_defaults(func=cmd_measure)
+    su = sub.add_parser("supplement", help="add what older records lack (the translated-only Debian Reference, "
+                                           "FLOPs per parallel row) from their runs")
+    su.add_argument("runs")
+    su.add_argument("--into", default=FLORES_RECORDS)
+    su.add_argument("--only", default="")
+    su.add_argument("--threads", type=int, default=1)
+    su.set_defaults(func=cmd_supplement)
     pic = sub.add_parser("pictures")
     pic.add_argument("runs", nargs="+")
     pic.set_defaults(func=cmd_pictures)
