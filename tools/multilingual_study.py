@@ -357,37 +357,233 @@ def _flores_trained() -> set[str]:
     return set(FLORES_OF.values())
 
 
+FLORES_SETS = {  # results.json's flores section: set -> (records' key, languages: None = all)
+    "flores_trained": ("flores", "trained"), "flores_all": ("flores", None),
+    "reference_translated": ("reference_translated", None)}
+FLORES_COSTS = {"chunks_rel": "chunks per content (rel. English)", "bytes_per_chunk": "bytes per chunk",
+                "bits_rel": "bits per content (rel. English)", "flops_rel": "training FLOPs per content (rel. English)"}
+LEARNED = ("rl", "rl-doc", "rl-content", "entropy")  # the policies issue 39's goal is asked of
+
+
+def _langs(which):
+    return _flores_trained() if which == "trained" else None
+
+
+def _goal_test(ratios: list[float]) -> dict:
+    """Mean and SE over seeds of a CV ratio and the one-sided t-test of 'ratio < GOAL' (n - 1
+    degrees of freedom); meets_goal at p < 0.05."""
+    from scipy import stats
+
+    d = _mean_se(ratios)
+    n = len(ratios)
+    if n < 2 or not d["se"] > 0:
+        return {**d, "p_below_goal": None, "meets_goal": False}
+    p = float(stats.t.cdf((d["mean"] - GOAL) / d["se"], n - 1))
+    return {**d, "p_below_goal": p, "meets_goal": p < 0.05}
+
+
 def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
-    """results.json's ``flores``: per method, the CV across the training languages of chunks
-    per unit of content (chunks for FLORES's scoring half relative to English's), mean and SE over
-    seeds; per tokenizer, the same for tokens; and each method's ratio to the same-data BPE."""
+    """results.json's ``flores`` (issue 39): per method, mean and SE over seeds of the spread
+    across languages (CV and max/min) of each cost on FLORES's scoring half (the training
+    languages, and all 204) and on the Debian Reference without its untranslated lines; the
+    main measure, ``cv_chunks_per_content``, is the CV over the training languages of chunks
+    relative to English for the same sentences; its ratio to the same-data BPE's CV of tokens per
+    content per seed, tested against the goal; bits per byte; per language, each cost's mean
+    over seeds. The tokenizers' spreads beside them."""
+    from study import paired_test  # the studies' paired t over seeds (tools/study.py)
+
     trained = _flores_trained()
-    out: dict = {"languages_trained": sorted(trained), "half": "score (sentences 506-1011); rates calibrated "
-                 "on the calibration half (0-505) of the training languages", "methods": {}, "tokenizers": {}}
-    for v, ms in by_variant.items():
-        ms = [m for m in ms if "flores" in m]
-        if not ms:
-            continue
-        cvs = [_spread(_parallel_costs(m["flores"], "chunks_rel:m", trained).values())["cv"] for m in ms]
-        out["methods"][v] = {"cv_chunks_per_content": _mean_se(cvs),
-                             "cv_chunks_per_content_all": _mean_se(
-                                 [_spread(_parallel_costs(m["flores"], "chunks_rel:m").values())["cv"] for m in ms]),
-                             "bpb_mean": _mean_se([float(np.mean(list(_parallel_costs(m["flores"], "bpb:m", trained).values())))
-                                                   for m in ms]),
-                             "calibrated_rate": [(m.get("flores_calibration") or {}).get("rate") for m in ms],
-                             "seeds": [m["seed"] for m in ms]}
+    _, removed = _reference_translated()
+    out: dict = {"languages_trained": sorted(trained), "goal": f"CV ratio to the same-data BPE <= {GOAL}",
+                 "half": "score (sentences 506-1011); rates calibrated on the calibration half (0-505) of the "
+                         "training languages", "reference_translated_removed": removed, "methods": {},
+                 "tokenizers": {}, "per_language": {}}
     if ftoks:
         for name in ftoks["tokenizers"]:
-            out["tokenizers"][name] = {
-                "cv_tokens_per_content": _spread(_parallel_costs(ftoks["flores"], f"tokens_rel:{name}", trained).values()),
-                "cv_tokens_per_content_all": _spread(_parallel_costs(ftoks["flores"], f"tokens_rel:{name}").values()),
-                "mean_tokens_per_byte": float(np.mean([1 / r[f"bytes_per_token:{name}"] for r in ftoks["flores"]
-                                                       if r["lang"] in trained]))}
+            t: dict = {"mean_tokens_per_byte": float(np.mean([1 / r[f"bytes_per_token:{name}"] for r in ftoks["flores"]
+                                                               if r["lang"] in trained]))}
+            for sname, (key, which) in FLORES_SETS.items():
+                rows = ftoks.get(key)
+                if rows:
+                    t[sname] = {c: _spread(_parallel_costs(rows, f"{k}:{name}", _langs(which)).values())
+                                for c, k in (("tokens_rel", "tokens_rel"), ("bytes_per_token", "bytes_per_token"))}
+            t["cv_tokens_per_content"] = t["flores_trained"]["tokens_rel"]
+            t["cv_tokens_per_content_all"] = t["flores_all"]["tokens_rel"]
+            out["tokenizers"][name] = t
     ref = out["tokenizers"].get("bpe-same-data")
-    for v, d in out["methods"].items():
+    bpb: dict[str, dict[int, float]] = {}
+    for v, ms in by_variant.items():
+        ms = sorted((m for m in ms if "flores" in m), key=lambda m: m["seed"])
+        if not ms:
+            continue
+        d: dict = {"seeds": [m["seed"] for m in ms],
+                   "calibrated_rate": [(m.get("flores_calibration") or {}).get("rate") for m in ms]}
+        for sname, (key, which) in FLORES_SETS.items():
+            have = [m for m in ms if m.get(key)]  # records measured before the translated-only Reference lack it
+            d[sname] = {}
+            for c in FLORES_COSTS:
+                if c == "flops_rel" and not all(f"{c}:m" in m[key][0] for m in have):
+                    continue
+                sp = [_spread(_parallel_costs(m[key], f"{c}:m", _langs(which)).values()) for m in have]
+                if sp:
+                    d[sname][c] = {"cv": _mean_se([x["cv"] for x in sp]),
+                                   "max_over_min": _mean_se([x["max_over_min"] for x in sp])}
+        rate = [sum(r["chunks:m"] for r in m["flores"] if r["lang"] in trained)
+                / sum(r["bytes"] for r in m["flores"] if r["lang"] in trained) for m in ms]
+        d["rate_trained"] = _mean_se(rate)
+        per_seed_bpb = [float(np.mean(list(_parallel_costs(m["flores"], "bpb:m", trained).values()))) for m in ms]
+        bpb[v] = dict(zip(d["seeds"], per_seed_bpb))
+        d["bpb_mean"] = _mean_se(per_seed_bpb)
+        cvs = [_spread(_parallel_costs(m["flores"], "chunks_rel:m", trained).values())["cv"] for m in ms]
+        d["cv_chunks_per_content"] = _mean_se(cvs)
+        d["cv_chunks_per_content_all"] = d["flores_all"]["chunks_rel"]["cv"]
         if ref:
-            d["ratio_to_same_data_bpe"] = d["cv_chunks_per_content"]["mean"] / ref["cv_tokens_per_content"]["cv"]
+            d["ratio_to_same_data_bpe"] = _goal_test([c / ref["cv_tokens_per_content"]["cv"] for c in cvs])
+        out["methods"][v] = d
+    # the price of each policy in bits per byte, paired by seed, against rl and against BPE guidance
+    for v, d in out["methods"].items():
+        for base in ("rl", "bpe"):
+            if v != base and base in bpb:
+                common = sorted(set(bpb[v]) & set(bpb[base]))
+                if common:
+                    d[f"bpb_minus_{base}"] = paired_test([bpb[v][s] for s in common], [bpb[base][s] for s in common])
+    # per language: each cost's mean over seeds (and the tokenizers' counts)
+    for v, ms in by_variant.items():
+        ms = [m for m in ms if "flores" in m]
+        for r in (ms[0]["flores"] if ms else []):
+            lang = r["lang"]
+            row = out["per_language"].setdefault(lang, {"script": r["script"], "bytes_rel": r.get("bytes_rel"),
+                                                       "trained": lang in trained})
+            row[v] = {c: _mean_se([next(x for x in m["flores"] if x["lang"] == lang)[f"{c}:m"] for m in ms])
+                      for c in (*FLORES_COSTS, "bpb") if f"{c}:m" in r}
+    if ftoks:
+        for r in ftoks["flores"]:
+            row = out["per_language"].setdefault(r["lang"], {"script": r["script"], "bytes_rel": r.get("bytes_rel"),
+                                                             "trained": r["lang"] in trained})
+            for name in ftoks["tokenizers"]:
+                row[name] = {"tokens_rel": r.get(f"tokens_rel:{name}"), "bytes_per_token": r[f"bytes_per_token:{name}"]}
     return out
+
+
+def flores_verdict(fl: dict) -> dict:
+    """Issue 39's question: does any learned policy spread its chunks per unit of content across
+    the training languages at most GOAL times as unevenly as the same-data BPE spreads its tokens,
+    and at what price in bits per byte?"""
+    out = {"goal": fl["goal"], "test": "one-sided t over seeds of ratio < goal, p < 0.05", "policies": {}}
+    for v in LEARNED:
+        d = fl["methods"].get(v)
+        if d and "ratio_to_same_data_bpe" in d:
+            out["policies"][v] = {"ratio": d["ratio_to_same_data_bpe"], "bpb": d["bpb_mean"],
+                                  **{k: d[k] for k in ("bpb_minus_rl", "bpb_minus_bpe") if k in d}}
+    out["reached_by"] = [v for v, d in out["policies"].items() if d["ratio"]["meets_goal"]]
+    return out
+
+
+def _pm(d: dict | None, nd=3) -> str:
+    if not d:
+        return "–"
+    if d.get("seeds", 1) > 1 and d.get("se") == d.get("se"):
+        return f"{d['mean']:.{nd}f} ± {d['se']:.{nd}f}"
+    return f"{d['mean']:.{nd}f}"
+
+
+def flores_tables(fl: dict) -> str:
+    """tables_flores.md: the spread table (methods, then the tokenizers) and the per-language
+    table of chunks per content relative to English."""
+    methods = [v for v in METHOD_ORDER if v in fl["methods"]]
+    rm = fl["reference_translated_removed"]
+    lines = ["### FLORES-200, the 26 training languages' scoring half: spread across languages "
+             "(CV = std/mean; mean ± SE over seeds)", "",
+             "| method | seeds | calibrated rate | rate (26 langs) | bpb (mean, 26 langs) | CV chunks/content "
+             "| ratio to same-data BPE | p (ratio < 0.8) | max/min chunks/content | CV bytes/chunk | CV bits/content "
+             "| CV FLOPs/content | CV chunks/content (all 204) | CV chunks/content (Reference, translated) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for v in methods:
+        d = fl["methods"][v]
+        t, r = d["flores_trained"], d.get("ratio_to_same_data_bpe")
+        cal = [c for c in d["calibrated_rate"] if c is not None]
+        cells = [v, str(len(d["seeds"])), f"{np.mean(cal):.3f}" if cal else "not calibrated (no knob)",
+                 _pm(d["rate_trained"]), _pm(d["bpb_mean"]), _pm(d["cv_chunks_per_content"]), _pm(r, 2),
+                 "–" if not r or r["p_below_goal"] is None else f"{r['p_below_goal']:.3f}",
+                 _pm(t["chunks_rel"]["max_over_min"], 2), _pm(t["bytes_per_chunk"]["cv"]), _pm(t["bits_rel"]["cv"]),
+                 _pm(t.get("flops_rel", {}).get("cv")), _pm(d["flores_all"]["chunks_rel"]["cv"]),
+                 _pm(d["reference_translated"].get("chunks_rel", {}).get("cv"))]
+        lines.append("| " + " | ".join(cells) + " |")
+    for name, t in fl["tokenizers"].items():
+        ref_t = t.get("reference_translated", {}).get("tokens_rel", {})
+        lines.append(f"| {name} (tokenizer) | – | – | {t['mean_tokens_per_byte']:.3f} | – "
+                     f"| {t['flores_trained']['tokens_rel']['cv']:.3f} | – | – "
+                     f"| {t['flores_trained']['tokens_rel']['max_over_min']:.2f} "
+                     f"| {t['flores_trained']['bytes_per_token']['cv']:.3f} | – | – "
+                     f"| {t['flores_all']['tokens_rel']['cv']:.3f} | {ref_t.get('cv', float('nan')):.3f} |")
+    lines += ["", f"Debian Reference, translated lines only: {rm['line_positions_removed']:.1%} of the "
+              f"{rm['line_positions']} line positions removed (a line some language left in English leaves every "
+              "language); bytes removed per language: "
+              + ", ".join(f"{k} {x['bytes_removed']:.0%}" for k, x in rm["languages"].items()) + ".", ""]
+    for v in methods:
+        d = fl["methods"][v]
+        for base in ("rl", "bpe"):
+            t = d.get(f"bpb_minus_{base}")
+            if t:
+                p = "–" if t["p"] is None else f"{t['p']:.3f}"
+                lines.append(f"- FLORES bpb, {v} − {base}: {t['mean']:+.3f} ± {t['se']:.3f} over {t['n']} seeds, p = {p}")
+    toks = list(fl["tokenizers"])
+    lines += ["", "### FLORES-200 per language: chunks (tokens) for the same sentences relative to English "
+              "(mean ± SE over seeds); * = a training language", "",
+              "| language | script | bytes rel | " + " | ".join(methods) + " | " + " | ".join(toks) + " |",
+              "|---|---|---|" + "---|" * (len(methods) + len(toks))]
+    order = sorted(fl["per_language"].items(), key=lambda kv: (not kv[1]["trained"], kv[0]))
+    for lang, row in order:
+        cells = [f"{lang}{' *' if row['trained'] else ''}", row["script"],
+                 "–" if row["bytes_rel"] is None else f"{row['bytes_rel']:.2f}"]
+        cells += [_pm(row[v]["chunks_rel"], 2) if v in row else "–" for v in methods]
+        cells += ["–" if row.get(t, {}).get("tokens_rel") is None else f"{row[t]['tokens_rel']:.2f}" for t in toks]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def flores_chart(fl: dict, out: Path) -> None:
+    """Chunks (tokens) per content relative to English on FLORES, the training languages, per
+    method (error bars: SE over seeds) and tokenizer."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = [v for v in METHOD_ORDER if v in fl["methods"]]
+    toks = list(fl["tokenizers"])
+    langs = sorted((k for k, r in fl["per_language"].items() if r["trained"] and k != "eng_Latn"),
+                   key=lambda k: fl["per_language"][k]["bytes_rel"] or 0)
+    series = []
+    for v in methods:
+        ds = [fl["per_language"][k][v]["chunks_rel"] for k in langs]
+        err = np.array([x["se"] if x["seeds"] > 1 else 0.0 for x in ds])
+        n = len(fl["methods"][v]["seeds"])
+        series.append((f"{v} ({n} seed{'s' if n > 1 else ''})", np.array([x["mean"] for x in ds]), err))
+    for t in toks:
+        series.append((f"{t} (tokenizer)", np.array([fl["per_language"][k][t]["tokens_rel"] for k in langs]), None))
+    series.append(("UTF-8 bytes", np.array([fl["per_language"][k]["bytes_rel"] for k in langs]), None))
+    fig, ax = plt.subplots(figsize=(16, 5.5))
+    k = len(series)
+    w = 0.85 / k
+    xs = np.arange(len(langs))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (lab, v, e) in enumerate(series):
+        ax.bar(xs + (i - (k - 1) / 2) * w, v, width=w, yerr=e, label=lab, color=colors[i % len(colors)],
+               capsize=1.5, error_kw={"lw": 0.7})
+    ax.axhline(1.0, color="#333", lw=0.8)
+    ax.set_yscale("log", base=2)
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xticks(xs, [k.replace("_", "\n") for k in langs], fontsize=7)
+    ax.set_ylabel("chunks (tokens) for the same sentences,\nrelative to English (log scale)")
+    ax.set_title("FLORES-200 devtest (sentences 506-1011), the training languages: cost of the same content relative "
+                 "to English (tiny, 8 MB at T = 2; error bars: SE over seeds)", fontsize=10)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8, ncol=5, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
 def tokenizer_metrics(t: dict) -> dict[str, dict]:
@@ -442,10 +638,18 @@ def cmd_report(args) -> int:
                         "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
                         "cv": "std/mean across languages (population std); summary: mean and SE over seeds"}}
     result["verdict"] = verdict(by_variant, tm)
+    result["flores_verdict"] = flores_verdict(result["flores"])
     (OUT / "results.json").write_text(json.dumps(result, indent=1))
     (OUT / "tables.md").write_text(tables(by_variant, summary, tm, toks) + "\n")
     chart(by_variant, toks, OUT / "cost_vs_english.png")
-    print(f"wrote {OUT}/results.json, tables.md, cost_vs_english.png")
+    wrote = "results.json, tables.md, cost_vs_english.png"
+    if result["flores"]["methods"]:
+        (OUT / "tables_flores.md").write_text(flores_tables(result["flores"]) + "\n")
+        wrote += ", tables_flores.md"
+        if result["flores"]["tokenizers"]:
+            flores_chart(result["flores"], OUT / "flores_cost_vs_english.png")
+            wrote += ", flores_cost_vs_english.png"
+    print(f"wrote {OUT}: {wrote}")
     return 0
 
 
