@@ -23,25 +23,37 @@ def ms(monkeypatch):
         sys.path.pop(0)
 
 
-def _rows(chunks_rel, bpb):
-    return [{"lang": lang, "script": lang[-4:], "bytes": 1000, "bytes_rel": 1.0, "chunks:m": 200 * c, "bpb:m": bpb,
-             "chunks_rel:m": c, "bits_rel:m": 1.0, "bytes_per_chunk:m": 5 / c} for lang, c in zip(LANGS, chunks_rel)]
+UNSEEN = "xho_Latn"  # not a training language: its extreme cost must stay out of the 26-language CV
 
 
-def _record(method, seed, chunks_rel, bpb, scope="batch"):
+def _rows(chunks_rel, bpb, flops=False):
+    rows = [{"lang": lang, "script": lang[-4:], "bytes": 1000, "bytes_rel": 1.0, "chunks:m": 200 * c, "bpb:m": bpb,
+             "chunks_rel:m": c, "bits_rel:m": 1.0, "bytes_per_chunk:m": 5 / c}
+            for lang, c in zip(LANGS + (UNSEEN,), tuple(chunks_rel) + (50.0,))]
+    for r in rows if flops else []:
+        r["flops_rel:m"] = r["chunks_rel:m"]
+    return rows
+
+
+def _record(method, seed, chunks_rel, bpb, scope="batch", flops=False):
     return {"method": method, "seed": seed, "rate_scope": scope, "flores_calibration": {"rate": 0.2},
-            "flores": _rows(chunks_rel, bpb)}
+            "flores": _rows(chunks_rel, bpb, flops)}
 
 
-def test_the_flores_verdict_tests_each_seeds_cv_ratio_against_the_goal(ms):
+def test_the_flores_verdict_tests_each_seeds_cv_ratio_against_the_goal(ms, tmp_path):
     from rltok.data.languages import FLORES_OF
     assert set(LANGS) <= set(FLORES_OF.values())
-    rl = [_record("rl", s, (1, 1, r), 3.2) for s, r in ((1, 2.0), (2, 2.2), (3, 1.8))]
-    content = [_record("rl", s, (1, 1 + e, 1 - e), 3.3, "content") for s, e in ((1, 0.1), (2, 0.2), (3, 0.05))]
+    rl = [_record("rl", s, (1, 1, r), 3.2 + 0.01 * s) for s, r in ((1, 2.0), (2, 2.2), (3, 1.8))]
+    # listed in another seed order than rl's, and only seed 1 measured with FLOPs: pairs go by seed,
+    # costs not every record has stay out
+    content = [_record("rl", s, (1, 1 + e, 1 - e), 3.3 + 0.01 * s, "content", flops=s == 1)
+               for s, e in ((3, 0.05), (1, 0.1), (2, 0.2))]
+    entropy = [_record("entropy", 1, (1, 1, 1), 3.0)]
     toks = {"tokenizers": ["bpe-same-data"],
-            "flores": [{"lang": lang, "script": lang[-4:], "bytes_rel": 1.0, "tokens_rel:bpe-same-data": t,
-                        "bytes_per_token:bpe-same-data": 4.0} for lang, t in zip(LANGS, (1, 1.5, 0.5))]}
-    fl = ms.flores_section({"rl": rl, "rl-content": content}, toks)
+            "flores": [{"lang": lang, "script": lang[-4:], "bytes": 1000, "bytes_rel": 1.0, "tokens_rel:bpe-same-data": t,
+                        "tokens:bpe-same-data": 250 * t, "bytes_per_token:bpe-same-data": 4.0 / t}
+                       for lang, t in zip(LANGS + (UNSEEN,), (1, 1.5, 0.5, 9.0))]}
+    fl = ms.flores_section({"rl": rl, "rl-content": content, "entropy": entropy}, toks)
     bpe_cv = fl["tokenizers"]["bpe-same-data"]["cv_tokens_per_content"]["cv"]
     assert bpe_cv == pytest.approx((1 / 6) ** 0.5)  # population std of (1, 1.5, 0.5) over its mean 1
     # rl-content, seed 1: chunks (1, 1.1, 0.9): CV = sqrt(0.02 / 3) / 1; over the BPE's CV: 0.2
@@ -52,10 +64,25 @@ def test_the_flores_verdict_tests_each_seeds_cv_ratio_against_the_goal(ms):
     # rl, seed 1: chunks (1, 1, 2): CV 0.35355, ratio 0.866: above the goal
     assert fl["methods"]["rl"]["ratio_to_same_data_bpe"]["per_seed"][0] == pytest.approx(0.8660254)
     assert not fl["methods"]["rl"]["ratio_to_same_data_bpe"]["meets_goal"]
-    assert fl["methods"]["rl-content"]["bpb_minus_rl"]["mean"] == pytest.approx(0.1)
+    assert fl["methods"]["rl-content"]["bpb_minus_rl"]["per_seed"] == pytest.approx([0.1, 0.1, 0.1])  # by seed
+    assert "bpb_minus_rl" not in fl["methods"]["rl"]
+    assert fl["methods"]["entropy"]["bpb_minus_rl"]["n"] == 1 and fl["methods"]["entropy"]["ratio_to_same_data_bpe"]["p_below_goal"] is None
+    assert "flops_rel" not in fl["methods"]["rl-content"]["flores_trained"]  # seeds 2, 3 have no FLOPs
+    assert "flops_rel" not in fl["per_language"]["fra_Latn"]["rl-content"]
+    # all 204: the unseen language's 50x counts there
+    assert fl["methods"]["rl"]["flores_all"]["chunks_rel"]["cv"]["mean"] > 1.5
+    assert fl["tokenizers"]["bpe-same-data"]["tokens_per_byte"] == pytest.approx(750 / 3000)
     # chunks over bytes of the training languages: (200 + 200 + 400) / 3000 at seed 1, 840 / 3000, 760 / 3000
     assert fl["methods"]["rl"]["rate_trained"]["per_seed"] == pytest.approx([0.8 / 3, 0.28, 0.76 / 3])
     v = ms.flores_verdict(fl)
     assert v["reached_by"] == ["rl-content"]
     assert fl["per_language"]["rus_Cyrl"]["rl"]["chunks_rel"]["mean"] == pytest.approx(2.0)
-    assert "rl-content" in ms.flores_tables(fl)
+    table = ms.flores_tables(fl)
+    assert "| rl-content | 3 |" in table and "| entropy | 1 |" in table and "nan" not in table
+    ms.flores_chart(fl, tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+
+
+def test_the_goal_test_decides_identical_seeds_and_needs_two(ms):
+    assert ms._goal_test([0.5, 0.5, 0.5])["meets_goal"] and not ms._goal_test([0.9, 0.9])["meets_goal"]
+    assert ms._goal_test([0.1])["p_below_goal"] is None
