@@ -75,6 +75,9 @@ def run_config_from_dict(d: dict[str, Any], strict: bool = False, format_version
     boundary = d.get("boundary")
     if fmt < 11 and isinstance(boundary, dict) and boundary.get("flop_price", 0) and "flop_price_in" not in boundary:
         d = {**d, "boundary": {**boundary, "flop_price_in": "loss"}}  # what that run did
+    boundary = d.get("boundary")
+    if fmt < 14 and method == "entropy" and isinstance(boundary, dict) and "calibrate_on" not in boundary:
+        d = {**d, "boundary": {**boundary, "calibrate_on": "heldout"}}  # what that run did
     return RunConfig.from_dict(d, spec.config_cls, strict=strict, format_version=format_version,
                                flat_cls=spec.flat_cls)
 

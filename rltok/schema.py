@@ -320,7 +320,7 @@ class RunConfig:
 
 # A run's config.json also records who wrote it. FORMAT_VERSION counts changes to the run
 # directory's layout or to the meaning of config keys; a run of a newer format is refused.
-FORMAT_VERSION = 13
+FORMAT_VERSION = 14
 VERSION_KEYS = ("rltok_version", "format_version")
 # keys added after format 1, with the format that added them: an older run lacks them, and they
 # take their defaults there (which must reproduce what that run did)
@@ -346,6 +346,9 @@ ADDED_KEYS: dict[str, int] = {
     # to flat.* and the stage parts' to dechunker.* and chunker.*, which rltok.config migrates):
     # a bytes run older than 4 lacks it and keeps its shape by its recorded n_layers/mlp_hidden
     "flat.match": 13,
+    # format 14: entropy's threshold calibrated on the first training rows, not on the held-out
+    # documents (rltok.config gives an older entropy run calibrate_on=heldout, what it did)
+    "boundary.calibrate_on": 14, "boundary.em_calibration_rows": 14,
 }
 
 

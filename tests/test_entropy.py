@@ -5,6 +5,7 @@ entropy model through the real training loop, and its FLOPs."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -14,7 +15,7 @@ from rltok.boundaries.entropy import (EntropyBoundaries, byte_entropies, calibra
 from rltok.config import build_config
 from rltok.flops import flat_flops, training_flops_per_byte
 from rltok.methods import get_method
-from rltok.schema import BOS
+from rltok.schema import BOS, PAD
 
 S = 40
 
@@ -131,9 +132,32 @@ def test_training_keeps_the_entropy_model_frozen(tmp_path, c4_path):
     assert abs(info["rate"] - 0.2) < 0.01
     config = json.loads((out / "config.json").read_text())
     assert config["boundary"]["threshold"] == pytest.approx(info["threshold"])
+    assert config["boundary"]["calibrate_on"] == "train_rows"
+    # the threshold holds r* on the rows the U-Net trains on first: the trainer's own sampler
+    from rltok.boundaries.entropy import _load_em, rule_rate
+    from rltok.data import load_splits
+    from rltok.data.loader import SequenceDataset
+    em, _ = _load_em(cfg.boundary, out)
+    ds = SequenceDataset(load_splits(cfg).train, cfg.model.seq_len, cfg.train.seed, cfg.data.packing)
+    ids = ds.batch(np.arange(cfg.boundary.em_calibration_rows)).ids
+    forced = (ids == BOS) | (torch.arange(ids.shape[1]) == 0)[None]
+    assert rule_rate(byte_entropies(em, ids), ids != PAD, forced, "global", info["threshold"]) == pytest.approx(info["rate"])
     saved = load_file(str(out / "entropy_model.safetensors"))
     weights = load_file(str(out / "model.safetensors"))
     em = {k.split("entropy_model.", 1)[1]: v for k, v in weights.items() if "entropy_model." in k}
     assert em.keys() == saved.keys()
     for k in saved:
         assert torch.equal(em[k], saved[k]), k
+
+
+def test_an_older_entropy_run_keeps_its_held_out_calibration():
+    """A run of format <= 13 calibrated on the held-out documents; its config says so when read."""
+    from rltok.config import run_config_from_dict
+    d = build_config("entropy", "smoke").to_dict()
+    del d["boundary"]["calibrate_on"], d["boundary"]["em_calibration_rows"]
+    assert run_config_from_dict(d, strict=True, format_version=13).boundary.calibrate_on == "heldout"
+    assert run_config_from_dict({**d, "boundary": {**d["boundary"], "calibrate_on": "train_rows",
+                                                   "em_calibration_rows": 8}}).boundary.calibrate_on == "train_rows"
+    from rltok.errors import RltokError
+    with pytest.raises(RltokError, match="boundary.calibrate_on"):
+        build_config("entropy", "smoke", overrides={"boundary.calibrate_on": "validation"})
