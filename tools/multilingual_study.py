@@ -362,14 +362,14 @@ def _flores_trained() -> set[str]:
 
 FLORES_SETS = {  # results.json's flores section: set -> (records' key, languages: None = all)
     "flores_trained": ("flores", "trained"), "flores_all": ("flores", None),
-    "reference_translated": ("reference_translated", None)}
+    "reference_translated": ("reference_translated", None), "udhr_trained": ("udhr", "udhr")}
 FLORES_COSTS = {"chunks_rel": "chunks per content (rel. English)", "bytes_per_chunk": "bytes per chunk",
                 "bits_rel": "bits per content (rel. English)", "flops_rel": "training FLOPs per content (rel. English)"}
 LEARNED = ("rl", "rl-doc", "rl-content", "entropy")  # the policies issue 39's goal is asked of
 
 
 def _langs(which):
-    return _flores_trained() if which == "trained" else None
+    return _flores_trained() if which == "trained" else set(UDHR_TRAINED) if which == "udhr" else None
 
 
 def _goal_test(ratios: list[float]) -> dict:
@@ -509,8 +509,9 @@ def flores_tables(fl: dict) -> str:
              "(CV = std/mean; mean ± SE over seeds)", "",
              "| method | seeds | calibrated rate | chunks (tokens) per byte, 26 langs | bpb (mean, 26 langs) | CV chunks/content "
              f"| ratio to same-data BPE | p (ratio < {GOAL}) | max/min chunks/content | CV bytes/chunk | CV bits/content "
-             "| CV FLOPs/content | CV chunks/content (all 204) | CV chunks/content (Reference, translated) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| CV FLOPs/content | CV chunks/content (all 204) | CV chunks/content (Reference, translated) "
+             "| CV chunks/content (UDHR, 20 trained) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for v in methods:
         d = fl["methods"][v]
         t, r = d["flores_trained"], d.get("ratio_to_same_data_bpe")
@@ -520,15 +521,18 @@ def flores_tables(fl: dict) -> str:
                  "–" if not r or r["p_below_goal"] is None else f"{r['p_below_goal']:.3f}",
                  _pm(t["chunks_rel"]["max_over_min"], 2), _pm(t["bytes_per_chunk"]["cv"]), _pm(t["bits_rel"]["cv"]),
                  _pm(t.get("flops_rel", {}).get("cv")), _pm(d["flores_all"]["chunks_rel"]["cv"]),
-                 _pm(d["reference_translated"].get("chunks_rel", {}).get("cv"))]
+                 _pm(d["reference_translated"].get("chunks_rel", {}).get("cv")),
+                 _pm(d["udhr_trained"].get("chunks_rel", {}).get("cv"))]
         lines.append("| " + " | ".join(cells) + " |")
     for name, t in fl["tokenizers"].items():
         ref_t = t.get("reference_translated", {}).get("tokens_rel", {})
+        udhr_t = t.get("udhr_trained", {}).get("tokens_rel", {})
         lines.append(f"| {name} (tokenizer) | – | – | {t['tokens_per_byte']:.3f} | – "
                      f"| {t['flores_trained']['tokens_rel']['cv']:.3f} | – | – "
                      f"| {t['flores_trained']['tokens_rel']['max_over_min']:.2f} "
                      f"| {t['flores_trained']['bytes_per_token']['cv']:.3f} | – | – "
-                     f"| {t['flores_all']['tokens_rel']['cv']:.3f} | {'–' if 'cv' not in ref_t else format(ref_t['cv'], '.3f')} |")
+                     f"| {t['flores_all']['tokens_rel']['cv']:.3f} | {'–' if 'cv' not in ref_t else format(ref_t['cv'], '.3f')} "
+                     f"| {'–' if 'cv' not in udhr_t else format(udhr_t['cv'], '.3f')} |")
     if rm:
         lines += ["", f"Debian Reference, translated lines only: {rm['line_positions_removed']:.1%} of the "
                   f"{rm['line_positions']} line positions removed (a line some language left in English leaves every "
@@ -546,6 +550,15 @@ def flores_tables(fl: dict) -> str:
                 lines.append(f"- FLORES bpb, {v} − {base}: {t['mean']:+.3f}{se} over {t['n']} seed{'s' if t['n'] > 1 else ''}"
                              f" (paired by seed), p = {p}")
     toks = list(fl["tokenizers"])
+    costs = [c for c in FLORES_COSTS if any(c in r.get(v, {}) for r in fl["per_language"].values() for v in methods)]
+    lines += ["", "### FLORES-200, the training languages: every cost per language (mean over seeds; "
+              + "; ".join(FLORES_COSTS[c] for c in costs) + "; bits per byte)", "",
+              "| language | method | " + " | ".join(costs) + " | bpb |", "|---|---|" + "---|" * (len(costs) + 1)]
+    for lang, row in sorted((k, r) for k, r in fl["per_language"].items() if r["trained"]):
+        for v in methods:
+            if v in row:
+                lines.append(f"| {lang} | {v} | " + " | ".join(_pm(row[v].get(c), 3) for c in costs)
+                             + f" | {_pm(row[v].get('bpb'), 3)} |")
     lines += ["", "### FLORES-200 per language: chunks (tokens) for the same sentences relative to English "
               "(mean ± SE over seeds); * = a training language", "",
               "| language | script | bytes rel | " + " | ".join(methods) + " | " + " | ".join(toks) + " |",
@@ -646,11 +659,14 @@ def cmd_report(args) -> int:
                 flores_runs.setdefault(_variant(m), []).append(m)
     # the tokenizers of the same study: the 8 MB runs' same-data BPE is their own bpe_s42's
     ft = fl / "_flores_tokenizers.json" if fl.is_dir() else meas / "_flores_tokenizers.json"
-    if not ft.is_file():
+    ftoks = json.loads(ft.read_text()) if ft.is_file() else None
+    if ftoks is None:
         print(f"{ft}: missing (`flores-tokenizers RUNS --into {ft.parent.name}`): the FLORES section has no "
               "tokenizer rows and no ratio to the same-data BPE", file=sys.stderr)
+    elif (fl / "_tokenizers.json").is_file():  # the same tokenizers on UDHR (measure's first run writes it)
+        ftoks["udhr"] = json.loads((fl / "_tokenizers.json").read_text())["udhr"]
     result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
-              "flores": flores_section(flores_runs, json.loads(ft.read_text()) if ft.is_file() else None),
+              "flores": flores_section(flores_runs, ftoks),
               "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",
                         "reference": "Debian Reference ch03+ch08, parallel, 11 languages",
                         "udhr": "UDHR 37 languages, parallel; udhr_trained: the 20 training languages",
