@@ -44,11 +44,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 # the prose study's controller and rate-matching settings: the frontier's points are measured as its cells
 from study_prose import CAL_DOCS, CAL_TOL, HOLD, MATCH_TOL  # noqa: E402
+from study_prose import OUT as STUDY_OUT  # noqa: E402  (RLTOK_STUDY_RESULTS: a frozen checkout reads the live cells)
 
 from rltok.cli import parse_size  # noqa: E402
 
 RECORD = Path(__file__).with_name("frontier.json")
-STUDY_CELLS = ROOT / "results" / "study-prose" / "cells"
+STUDY_CELLS = STUDY_OUT / "cells"
 RATES = (0.1, 0.15, 0.2, 0.3, 0.4)
 COND = ["boundary.rate_schedule=uniform:0.1:0.4", "boundary.rate_offset_knots=5", *HOLD]
 OPTIONS = {"opt_warm_start": "boundary.warm_start_bytes={warm}", "opt_prescribed": "boundary.prescribed=whitespace",

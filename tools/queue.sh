@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The long studies, queued on a 2-core machine, each from a worktree frozen at this checkout's
+# commit (editing the checkout never changes a running study), results written into this checkout:
+#   1. issue 39's FLORES study (results/multilingual/run_flores.sh) on both cores, JOBS=2;
+#   2. then, one core each: issue 36's prose study (tools/study_prose.py run, 8 and 32 MB, in its
+#      TIERS order) beside issue 38's frontier (results/rates/frontier.py, 8 MB, 3 seeds).
+# Everything is resumable: a finished run or cell is skipped, a stopped one resumes from its last
+# checkpoint. Commit the records as they land (git status results/).
+#
+#   bash tools/queue.sh start    # freeze (or refreeze) the worktree and start the queue in the background
+#   bash tools/queue.sh status   # what runs now, what is recorded
+#   bash tools/queue.sh stop     # stop everything (checkpoints are kept)
+#
+# Needs: .venv with rltok installed (README), ../shared/data, `rltok data fetch-evals` done once
+# (GPT-NeoX's tokenizer for the study's bpe-lm-neox row). FROZEN (default ../rltok-frozen) is the
+# worktree; LOGS (default runs/queue) the logs.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+FROZEN=${FROZEN:-$(dirname "$ROOT")/rltok-frozen}
+LOGS=${LOGS:-$ROOT/runs/queue}
+PY=$ROOT/.venv/bin/python
+SHARED=${RLTOK_SHARED_DATA:-$(dirname "$ROOT")/shared/data}
+
+case "${1:-status}" in
+start)
+  [ -x "$PY" ] || { echo "queue: $PY missing: install rltok first (README)"; exit 1; }
+  [ -d "$SHARED" ] || { echo "queue: $SHARED missing: the studies read ../shared/data"; exit 1; }
+  if pgrep -f "tools/queue.sh run" >/dev/null; then echo "queue: already running (bash tools/queue.sh status)"; exit 1; fi
+  commit=$(git -C "$ROOT" rev-parse HEAD)
+  if [ -d "$FROZEN" ]; then git -C "$FROZEN" checkout -q --detach "$commit"
+  else git -C "$ROOT" worktree add -q --detach "$FROZEN" "$commit"; fi
+  mkdir -p "$LOGS"
+  echo "queue: worktree $FROZEN at $(git -C "$FROZEN" log --oneline -1 | cut -c1-60)"
+  setsid nohup bash "$0" run >> "$LOGS/queue.log" 2>&1 < /dev/null &
+  echo "queue: started (logs in $LOGS)"
+  ;;
+run)  # the queue itself (start runs it in the background)
+  cd "$FROZEN"
+  export RLTOK_SHARED_DATA=$SHARED PYTHONPATH=$FROZEN OMP_NUM_THREADS=1 \
+         RLTOK_STUDY_RESULTS=$ROOT/results/study-prose RLTOK_STUDY_RUNS=$ROOT/runs/study-prose
+  echo "$(date -u +%FT%TZ) FLORES study (2 jobs)"
+  JOBS=2 ML_RESULTS=$ROOT/results/multilingual RLTOK="$PY -m rltok" PYTHON=$PY \
+    bash results/multilingual/run_flores.sh "$ROOT/runs/multilingual-flores" >> "$LOGS/multilingual.log" 2>&1 || true
+  echo "$(date -u +%FT%TZ) prose study and rate frontier (1 job each)"
+  "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose.log" 2>&1 &
+  "$PY" results/rates/frontier.py --bytes 8M --seeds 1,2,3 --prices 0.07 --out "$ROOT/runs/frontier" \
+    --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 &
+  wait
+  echo "$(date -u +%FT%TZ) queue done"
+  ;;
+status)
+  pgrep -fa "rltok train|study_prose.py cell|multilingual_study.py|frontier.py" | cut -c1-160 || echo "queue: nothing running"
+  echo "FLORES records: $(ls "$ROOT"/results/multilingual/measure-8M/*_s*.json 2>/dev/null | wc -l) of 18"
+  echo "prose cells: $(ls "$ROOT"/results/study-prose/cells/*/*.json 2>/dev/null | wc -l)"
+  [ -f "$ROOT/results/rates/frontier.json" ] && echo "frontier points: $("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['rows']))" "$ROOT/results/rates/frontier.json" 2>/dev/null || echo '?')"
+  ;;
+stop)
+  pkill -f "tools/queue.sh run" || true
+  pkill -f "run_flores.sh|study_prose.py|frontier.py|multilingual_study.py" || true
+  pkill -f "rltok train" || true  # a stopped training writes its checkpoint on SIGTERM
+  echo "queue: stopped"
+  ;;
+*) echo "usage: bash tools/queue.sh start|status|stop"; exit 2 ;;
+esac
