@@ -240,17 +240,17 @@ def train_entropy_model(cfg: EntropyConfig, train_docs: list[bytes], seed: int, 
                        "forward_flops_per_byte": fl.per_byte / 3, "final_train_bpb": loss.item() / math.log(2)}
 
 
-def _held_out_entropies(em: ByteLM, docs: list[bytes], seq_len: int) -> tuple[Tensor, Tensor]:
-    """Entropies e and the forced mask (BOS) over held-out documents, in rows of ``seq_len``
-    ids as the U-Net sees them (each row's first position forced)."""
-    win = _windows(_stream(docs), seq_len)[:, :-1]
-    es = []
-    for i in range(0, len(win), 32):
-        es.append(byte_entropies(em, win[i:i + 32]))
-    e = torch.cat(es)
-    valid = win != PAD
-    forced = (win == BOS) | (torch.arange(win.shape[1]) == 0)[None]
-    return e, valid, forced
+def _row_entropies(em: ByteLM, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Entropies e, the valid mask and the forced mask (BOS and each row's first position) of
+    rows of ids as the U-Net sees them."""
+    e = torch.cat([byte_entropies(em, ids[i:i + 32]) for i in range(0, len(ids), 32)])
+    forced = (ids == BOS) | (torch.arange(ids.shape[1]) == 0)[None]
+    return e, ids != PAD, forced
+
+
+def _held_out_entropies(em: ByteLM, docs: list[bytes], seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
+    """:func:`_row_entropies` over held-out documents, in rows of ``seq_len``."""
+    return _row_entropies(em, _windows(_stream(docs), seq_len)[:, :-1])
 
 
 def _train_row_entropies(em: ByteLM, cfg: RunConfig, train_corpus, rows: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -259,11 +259,7 @@ def _train_row_entropies(em: ByteLM, cfg: RunConfig, train_corpus, rows: int) ->
     from ..data.loader import SequenceDataset
 
     ds = SequenceDataset(train_corpus, cfg.model.seq_len, cfg.train.seed, cfg.data.packing)
-    ids = ds.batch(np.arange(rows, dtype=np.int64)).ids
-    e = torch.cat([byte_entropies(em, ids[i:i + 32]) for i in range(0, len(ids), 32)])
-    valid = ids != PAD
-    forced = (ids == BOS) | (torch.arange(ids.shape[1]) == 0)[None]
-    return e, valid, forced
+    return _row_entropies(em, ds.batch(np.arange(rows, dtype=np.int64)).ids)
 
 
 def rule_rate(e: Tensor, valid: Tensor, forced: Tensor, rule: str, threshold: float) -> float:
