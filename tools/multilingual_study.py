@@ -579,12 +579,6 @@ def flores_tables(fl: dict) -> str:
 def flores_chart(fl: dict, out: Path) -> None:
     """Chunks (tokens) per content relative to English on FLORES, the training languages, per
     method (error bars: SE over seeds) and tokenizer."""
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     methods = [v for v in METHOD_ORDER if v in fl["methods"]]
     toks = list(fl["tokenizers"])
     langs = sorted((k for k, r in fl["per_language"].items() if r["trained"] and k != "eng_Latn"),
@@ -598,10 +592,26 @@ def flores_chart(fl: dict, out: Path) -> None:
     for t in toks:
         series.append((f"{t} (tokenizer)", np.array([fl["per_language"][k][t]["tokens_rel"] for k in langs]), None))
     series.append(("UTF-8 bytes", np.array([fl["per_language"][k]["bytes_rel"] for k in langs]), None))
-    fig, ax = plt.subplots(figsize=(16, 5.5))
+    cost_bars(series, [k.replace("_", "\n") for k in langs], out, width=16, tick_size=7, ncol=5,
+              ylabel="chunks (tokens) for the same sentences,\nrelative to English (log scale)",
+              title="FLORES-200 devtest (sentences 506-1011), the training languages: cost of the same content "
+                    "relative to English (tiny, 8 MB at T = 2; error bars: SE over seeds)")
+
+
+def cost_bars(series: list[tuple[str, np.ndarray, np.ndarray | None]], labels: list[str], out: Path, *,
+              width: float, tick_size: int, ncol: int, ylabel: str, title: str) -> None:
+    """Grouped bars, one group per language and one bar per (label, values, SE or None) series,
+    on a log-2 axis around English's 1 (ratios: 2x and 1/2 as far from English)."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(width, 5.5))
     k = len(series)
     w = 0.85 / k
-    xs = np.arange(len(langs))
+    xs = np.arange(len(labels))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, (lab, v, e) in enumerate(series):
         ax.bar(xs + (i - (k - 1) / 2) * w, v, width=w, yerr=e, label=lab, color=colors[i % len(colors)],
@@ -609,12 +619,11 @@ def flores_chart(fl: dict, out: Path) -> None:
     ax.axhline(1.0, color="#333", lw=0.8)
     ax.set_yscale("log", base=2)
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xticks(xs, [k.replace("_", "\n") for k in langs], fontsize=7)
-    ax.set_ylabel("chunks (tokens) for the same sentences,\nrelative to English (log scale)")
-    ax.set_title("FLORES-200 devtest (sentences 506-1011), the training languages: cost of the same content relative "
-                 "to English (tiny, 8 MB at T = 2; error bars: SE over seeds)", fontsize=10)
+    ax.set_xticks(xs, labels, fontsize=tick_size)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, ncol=5, loc="upper left")
+    ax.legend(fontsize=8, ncol=ncol, loc="upper left")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -778,12 +787,6 @@ def tables(by_variant, summary, tm, toks) -> str:
 
 
 def chart(by_variant, toks, out: Path) -> None:
-    import matplotlib
-    import matplotlib.ticker
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     variants = [v for v in METHOD_ORDER if v in by_variant]
     keys = sorted(UDHR_TRAINED, key=lambda k: next(r for r in toks["udhr"] if r["lang"] == k)["tokens_rel:gpt-neox"])
     series = []
@@ -796,26 +799,10 @@ def chart(by_variant, toks, out: Path) -> None:
     series.append(("BPE, same data and rate", np.array([rows[k]["tokens_rel:bpe-same-data"] for k in keys]), None))
     series.append(("GPT-NeoX BPE", np.array([rows[k]["tokens_rel:gpt-neox"] for k in keys]), None))
     series.append(("UTF-8 bytes", np.array([rows[k]["bytes_rel"] for k in keys]), None))
-    fig, ax = plt.subplots(figsize=(15, 5.5))
-    k = len(series)
-    w = 0.85 / k
-    xs = np.arange(len(keys))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, (lab, v, e) in enumerate(series):
-        ax.bar(xs + (i - (k - 1) / 2) * w, v, width=w, yerr=e, label=lab, color=colors[i % len(colors)],
-               capsize=1.5, error_kw={"lw": 0.7})
-    ax.axhline(1.0, color="#333", lw=0.8)
-    ax.set_yscale("log", base=2)  # ratios: 2x and 1/2 as far from English
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xticks(xs, [f"{UDHR_TRAINED[k]}\n{rows[k]['script']}" for k in keys], fontsize=8)
-    ax.set_ylabel("chunks (tokens) for the same text, relative to English (log scale)")
-    ax.set_title("UDHR, the 20 training languages: cost of the same content relative to English "
-                 "(tiny models, 4 MB of multilingual training; error bars: SE over seeds)", fontsize=10)
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8, ncol=4, loc="upper left")
-    fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    cost_bars(series, [f"{UDHR_TRAINED[k]}\n{rows[k]['script']}" for k in keys], out, width=15, tick_size=8, ncol=4,
+              ylabel="chunks (tokens) for the same text, relative to English (log scale)",
+              title="UDHR, the 20 training languages: cost of the same content relative to English "
+                    "(tiny models, 4 MB of multilingual training; error bars: SE over seeds)")
 
 
 PICTURE_LANGS = {"deu_1996": "Latin", "rus": "Cyrillic", "jpn": "CJK", "cmn_hans": "CJK", "ell_monotonic": "Greek"}
