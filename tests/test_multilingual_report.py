@@ -86,3 +86,25 @@ def test_the_flores_verdict_tests_each_seeds_cv_ratio_against_the_goal(ms, tmp_p
 def test_the_goal_test_decides_identical_seeds_and_needs_two(ms):
     assert ms._goal_test([0.5, 0.5, 0.5])["meets_goal"] and not ms._goal_test([0.9, 0.9])["meets_goal"]
     assert ms._goal_test([0.1])["p_below_goal"] is None
+
+
+def test_each_method_is_also_set_against_the_same_data_bpe_nearest_its_rate(ms):
+    # rl runs at 0.8/3 = 0.267 tokens per byte (chunks (1, 1, 2) x 200 over 3000 bytes); of the three
+    # vocabularies the one at 0.25 is nearest, whatever order the record lists them in
+    rl = [_record("rl", s, (1, 1, 2), 3.2) for s in (1, 2)]
+    pt = lambda size, rate, cv: {"vocab_size": size, "tokens_per_byte_trained": rate, "tokens_per_byte_calibration": rate,
+                                 "cv_tokens_per_content": {"cv": cv, "max_over_min": 2.0},
+                                 "cv_tokens_per_content_all": {"cv": cv, "max_over_min": 2.0}}
+    sweep = {"fitted_on": {"run": "bpe_s42", "fit_docs": 9, "fit_bytes": 9_000_000},
+             "points": [pt(1000, 0.40, 0.5), pt(4000, 0.25, 0.25), pt(2000, 0.32, 0.4)]}
+    toks = {"tokenizers": ["bpe-same-data"],
+            "flores": [{"lang": lang, "script": lang[-4:], "bytes": 1000, "bytes_rel": 1.0, "tokens_rel:bpe-same-data": t,
+                        "tokens:bpe-same-data": 250 * t, "bytes_per_token:bpe-same-data": 4.0 / t}
+                       for lang, t in zip(LANGS, (1, 1.5, 0.5))]}
+    fl = ms.flores_section({"rl": rl}, toks, sweep)
+    r = fl["methods"]["rl"]["ratio_to_rate_nearest_bpe"]
+    assert r["bpe_vocab_size"] == 4000 and r["per_seed"] == pytest.approx([0.5 ** 0.5 / 2 / 0.25] * 2)
+    assert [q["vocab_size"] for q in fl["bpe_by_vocabulary"]["points"]] == [4000, 2000, 1000]  # by rate
+    assert ms.flores_verdict(fl)["policies"]["rl"]["ratio_to_rate_nearest_bpe"]["bpe_vocab_size"] == 4000
+    table = ms.flores_tables(fl)
+    assert "| 4,000 | 0.250 | 0.250 | 0.250 |" in table and "vocabulary 4,000" in table

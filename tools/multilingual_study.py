@@ -2,6 +2,7 @@
 
     python tools/multilingual_study.py measure runs/multilingual   # per run, resumable
     python tools/multilingual_study.py flores-tokenizers [RUNS]    # GPT-NeoX's BPE (and RUNS' own) on FLORES-200
+    python tools/multilingual_study.py bpe-sweep RUNS              # RUNS' same-data BPE at other vocabulary sizes
     python tools/multilingual_study.py report                      # results.json, tables, chart
 
 ``measure`` scores every finished run of ``results/multilingual/run.sh`` on three held-out sets,
@@ -195,6 +196,54 @@ def measure_flores_tokenizers(runs: Path | None) -> dict:
     return {"flores": cross_language(read_flores(FLORES, "score"), {}, toks, reference="eng_Latn"),
             "reference_translated": cross_language(_reference_translated()[0], {}, toks, reference="en"),
             "tokenizers": sorted(toks), "half": "score (sentences 506-1011)", "group": 4}
+
+
+def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
+    """The same-data BPE at other vocabulary sizes (issue 39): fitted as BPE guidance fits its BPE
+    (RUNS/bpe_s42's training split, the same documents and the same 90% of them), measured on
+    FLORES's halves. The guidance's BPE is fitted to r* on training text and runs at ~0.26 tokens
+    per byte on FLORES, where the policies are calibrated to r*: how its CV of tokens per content
+    moves with its rate says how much of the ratio is rate, not method."""
+    import rltok
+    from rltok.analysis import cross_language, read_flores
+    from rltok.bpe import fit_docs, train_bpe
+    from rltok.data import load_splits
+
+    _, info = _same_data_bpe(runs)
+    cfg = rltok.load(runs / "bpe_s42").run_config
+    docs = fit_docs(load_splits(cfg).train, info["fit_bytes"])
+    if len(docs) != info["fit_docs"]:
+        sys.exit(f"{runs / 'bpe_s42'}: its BPE was fitted on {info['fit_docs']} documents, the split gives "
+                 f"{len(docs)}: not the same training text")
+    fit = docs[max(1, int(len(docs) * 0.1)):]  # fit_bpe_to_rate's fitting part (its first 10% hold out)
+    trained = _flores_trained()
+    score, cal = read_flores(FLORES, "score"), read_flores(FLORES, "calibrate", keys=sorted(trained))
+    points = []
+    for v in vocabs:
+        tok = train_bpe(fit, v)
+        rows = cross_language(score, {}, {"b": tok}, reference="eng_Latn")
+        crow = cross_language(cal, {}, {"b": tok}, reference="eng_Latn")
+        tr = [r for r in rows if r["lang"] in trained]
+        points.append({"vocab_requested": v, "vocab_size": tok.get_vocab_size(),
+                       "tokens_per_byte_calibration": sum(r["tokens:b"] for r in crow) / sum(r["bytes"] for r in crow),
+                       "tokens_per_byte_trained": sum(r["tokens:b"] for r in tr) / sum(r["bytes"] for r in tr),
+                       "cv_tokens_per_content": _spread(_parallel_costs(rows, "tokens_rel:b", trained).values()),
+                       "cv_tokens_per_content_all": _spread(_parallel_costs(rows, "tokens_rel:b").values()),
+                       "cv_bytes_per_token": _spread(_parallel_costs(rows, "bytes_per_token:b", trained).values())})
+        p = points[-1]
+        print(f"vocab {p['vocab_size']}: {p['tokens_per_byte_trained']:.3f} tokens/byte on FLORES (training "
+              f"languages), CV tokens/content {p['cv_tokens_per_content']['cv']:.3f}", file=sys.stderr)
+    return {"fitted_on": {"run": "bpe_s42", "fit_docs": len(fit), "fit_bytes": sum(map(len, fit))},
+            "half": "score (sentences 506-1011); tokens_per_byte_calibration on 0-505", "points": points}
+
+
+def cmd_bpe_sweep(args) -> int:
+    dest = OUT / args.into
+    dest.mkdir(parents=True, exist_ok=True)
+    res = measure_bpe_sweep(Path(args.runs), [int(v) for v in args.vocab.split(",")])
+    (dest / "_flores_bpe_sweep.json").write_text(json.dumps(res, indent=1))
+    print(f"measured {len(res['points'])} vocabulary sizes -> {dest / '_flores_bpe_sweep.json'}")
+    return 0
 
 
 def measure_tokenizers(runs: Path) -> dict:
@@ -391,14 +440,15 @@ def _goal_test(ratios: list[float]) -> dict:
     return {**d, "p_below_goal": p, "meets_goal": p < 0.05}
 
 
-def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
+def flores_section(by_variant: dict, ftoks: dict | None, sweep: dict | None = None) -> dict:
     """results.json's ``flores`` (issue 39): per method, mean and SE over seeds of the spread
     across languages (CV and max/min) of each cost on FLORES's scoring half (the training
     languages, and all 204) and on the Debian Reference without its untranslated lines; the
     main measure, ``cv_chunks_per_content``, is the CV over the training languages of chunks
     relative to English for the same sentences; its ratio to the same-data BPE's CV of tokens per
     content per seed, tested against the goal; bits per byte; per language, each cost's mean
-    over seeds. The tokenizers' spreads beside them."""
+    over seeds. The tokenizers' spreads beside them. ``sweep`` (bpe-sweep's record): the same-data
+    BPE at other vocabulary sizes, and each method's ratio to the one nearest its own rate."""
     from rltok.errors import RltokError
     from study import paired_test  # the studies' paired t over seeds (tools/study.py)
 
@@ -413,6 +463,9 @@ def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
                  "half": "score (sentences 506-1011); rates calibrated on the calibration half (0-505) of the "
                          "training languages", "reference_translated_removed": removed, "methods": {},
                  "tokenizers": {}, "per_language": {}}
+    points = sorted((sweep or {}).get("points", []), key=lambda q: q["tokens_per_byte_trained"])
+    if points:
+        out["bpe_by_vocabulary"] = {**{k: v for k, v in sweep.items() if k != "points"}, "points": points}
     if ftoks:
         for name in ftoks["tokenizers"]:
             rows = [r for r in ftoks["flores"] if r["lang"] in trained]
@@ -454,6 +507,11 @@ def flores_section(by_variant: dict, ftoks: dict | None) -> dict:
         d["cv_chunks_per_content_all"] = d["flores_all"]["chunks_rel"]["cv"]
         if ref:
             d["ratio_to_same_data_bpe"] = _goal_test([c / ref["cv_tokens_per_content"]["cv"] for c in cvs])
+        if points:  # the same-data BPE whose rate on FLORES is nearest the method's
+            near = min(points, key=lambda q: abs(q["tokens_per_byte_trained"] - d["rate_trained"]["mean"]))
+            d["ratio_to_rate_nearest_bpe"] = {**_goal_test([c / near["cv_tokens_per_content"]["cv"] for c in cvs]),
+                                              "bpe_vocab_size": near["vocab_size"],
+                                              "bpe_tokens_per_byte": near["tokens_per_byte_trained"]}
         out["methods"][v] = d
     # the price of each policy in bits per byte, paired by seed, against rl and against BPE guidance
     for v, d in out["methods"].items():
@@ -490,7 +548,8 @@ def flores_verdict(fl: dict) -> dict:
         d = fl["methods"].get(v)
         if d and "ratio_to_same_data_bpe" in d:
             out["policies"][v] = {"ratio": d["ratio_to_same_data_bpe"], "bpb": d["bpb_mean"],
-                                  **{k: d[k] for k in ("bpb_minus_rl", "bpb_minus_bpe") if k in d}}
+                                  **{k: d[k] for k in ("ratio_to_rate_nearest_bpe", "bpb_minus_rl", "bpb_minus_bpe")
+                                     if k in d}}
     out["reached_by"] = [v for v, d in out["policies"].items() if d["ratio"]["meets_goal"]]
     return out
 
@@ -542,6 +601,23 @@ def flores_tables(fl: dict) -> str:
                   "language; so do commands, code and names that every language writes as English does: what is "
                   "left is mostly prose); bytes removed per language: "
                   + ", ".join(f"{k} {x['bytes_removed']:.0%}" for k, x in rm["languages"].items()) + "."]
+    bv = fl.get("bpe_by_vocabulary")
+    if bv:
+        lines += ["", "### The same-data BPE at other vocabulary sizes (fitted on the same "
+                  f"{bv['fitted_on']['fit_bytes'] / 1e6:.1f} MB of training text; FLORES scoring half, 26 training "
+                  "languages)", "", "| vocabulary | tokens per byte (calibration half) | tokens per byte (scoring half) "
+                  "| CV tokens/content | max/min tokens/content | CV tokens/content (all 204) |", "|---|---|---|---|---|---|"]
+        for q in bv["points"]:
+            lines.append(f"| {q['vocab_size']:,} | {q['tokens_per_byte_calibration']:.3f} | {q['tokens_per_byte_trained']:.3f} "
+                         f"| {q['cv_tokens_per_content']['cv']:.3f} | {q['cv_tokens_per_content']['max_over_min']:.2f} "
+                         f"| {q['cv_tokens_per_content_all']['cv']:.3f} |")
+        lines.append("")
+        for v in methods:
+            r = fl["methods"][v].get("ratio_to_rate_nearest_bpe")
+            if r:
+                p = "–" if r["p_below_goal"] is None else f"{r['p_below_goal']:.3f}"
+                lines.append(f"- {v}: CV ratio to the same-data BPE nearest its rate (vocabulary {r['bpe_vocab_size']:,}, "
+                             f"{r['bpe_tokens_per_byte']:.3f} tokens/byte): {_pm(r, 2)}, p (ratio < {GOAL}) = {p}")
     lines.append("")
     for v in methods:
         d = fl["methods"][v]
@@ -677,8 +753,9 @@ def cmd_report(args) -> int:
               "tokenizer rows and no ratio to the same-data BPE", file=sys.stderr)
     elif (fl / "_tokenizers.json").is_file():  # the same tokenizers on UDHR (measure's first run writes it)
         ftoks["udhr"] = json.loads((fl / "_tokenizers.json").read_text())["udhr"]
+    sw = fl / "_flores_bpe_sweep.json"
     result = {"runs": runs, "tokenizers": toks, "tokenizer_metrics": tm, "summary": summary,
-              "flores": flores_section(flores_runs, ftoks),
+              "flores": flores_section(flores_runs, ftoks, json.loads(sw.read_text()) if sw.is_file() else None),
               "notes": {"test": "test split of --data multilingual, <= 32 kB per language, every byte scored",
                         "reference": "Debian Reference ch03+ch08, 11 languages, line-aligned but partly left in English",
                         "reference_translated": "the same without every line some language left in English",
@@ -858,6 +935,12 @@ def main(argv=None) -> int:
     ft.add_argument("runs", nargs="?", default="")
     ft.add_argument("--into", default="measure")
     ft.set_defaults(func=cmd_flores_tokenizers)
+    bs = sub.add_parser("bpe-sweep", help="the same-data BPE at other vocabulary sizes on FLORES-200 (its CV "
+                                          "against its rate)")
+    bs.add_argument("runs")
+    bs.add_argument("--vocab", default="16384,32768,65536,262144")
+    bs.add_argument("--into", default=FLORES_RECORDS)
+    bs.set_defaults(func=cmd_bpe_sweep)
     r = sub.add_parser("report")
     r.set_defaults(func=cmd_report)
     args = p.parse_args(argv)
