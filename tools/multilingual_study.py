@@ -221,6 +221,8 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
     points = []
     for v in vocabs:
         tok = train_bpe(fit, v)
+        if any(q["vocab_size"] == tok.get_vocab_size() for q in points):
+            continue  # the trainer ran out of merges below v: a larger request gives the same BPE
         rows = cross_language(score, {}, {"b": tok}, reference="eng_Latn")
         crow = cross_language(cal, {}, {"b": tok}, reference="eng_Latn")
         tr = [r for r in rows if r["lang"] in trained]
@@ -938,7 +940,7 @@ def main(argv=None) -> int:
     bs = sub.add_parser("bpe-sweep", help="the same-data BPE at other vocabulary sizes on FLORES-200 (its CV "
                                           "against its rate)")
     bs.add_argument("runs")
-    bs.add_argument("--vocab", default="16384,32768,65536,262144")
+    bs.add_argument("--vocab", default="16384,32768,65536,127996,262144")
     bs.add_argument("--into", default=FLORES_RECORDS)
     bs.set_defaults(func=cmd_bpe_sweep)
     r = sub.add_parser("report")

@@ -10,7 +10,9 @@
 # Each run is measured as soon as it has trained (MEASURE=0 skips it); or later:
 #       python tools/multilingual_study.py measure OUTDIR --into measure-8M   (FLORES-200: each rate knob calibrated
 #       on sentences 0-505 of the training languages, all 204 languages scored on 506-1011)
-#       python tools/multilingual_study.py flores-tokenizers OUTDIR --into measure-8M && python tools/multilingual_study.py report
+#       python tools/multilingual_study.py flores-tokenizers OUTDIR --into measure-8M
+#       python tools/multilingual_study.py bpe-sweep OUTDIR   # the same-data BPE at other vocabulary sizes (~4 min)
+#       python tools/multilingual_study.py report
 # RLTOK="python -m rltok" with PYTHONPATH=<a frozen checkout> keeps edits of the working tree out of the runs.
 set -u
 out=${1:-runs/multilingual-flores}
