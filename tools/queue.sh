@@ -50,7 +50,7 @@ run)  # the queue itself (start runs it in the background)
   ;;
 status)
   pgrep -fa "rltok train|study_prose.py cell|multilingual_study.py|frontier.py" | cut -c1-160 || echo "queue: nothing running"
-  echo "FLORES records: $(ls "$ROOT"/results/multilingual/measure-8M/*_s*.json 2>/dev/null | wc -l) of 18"
+  echo "FLORES records: $(ls "$ROOT"/results/multilingual/measure-8M/[!_]*_s*.json 2>/dev/null | wc -l) of 18"
   echo "prose cells: $(ls "$ROOT"/results/study-prose/cells/*/*.json 2>/dev/null | wc -l)"
   [ -f "$ROOT/results/rates/frontier.json" ] && echo "frontier points: $("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['rows']))" "$ROOT/results/rates/frontier.json" 2>/dev/null || echo '?')"
   ;;
