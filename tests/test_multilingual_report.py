@@ -79,6 +79,8 @@ def test_the_flores_verdict_tests_each_seeds_cv_ratio_against_the_goal(ms, tmp_p
     assert fl["per_language"]["rus_Cyrl"]["rl"]["chunks_rel"]["mean"] == pytest.approx(2.0)
     table = ms.flores_tables(fl)
     assert "| rl-content | 3 |" in table and "| entropy | 1 |" in table and "nan" not in table
+    text = ms.verdict_text(v)
+    assert "reached by rl-content" in text and "- rl-content: CV ratio 0.23 ± 0.09 (3 seeds, p(< 0.8) = 0.012)" in text
     ms.flores_chart(fl, tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 10_000
 

@@ -564,6 +564,30 @@ def _pm(d: dict | None, nd=3) -> str:
     return f"{d['mean']:.{nd}f}"
 
 
+def verdict_text(v: dict) -> str:
+    """The verdict as sentences, every number from ``flores_verdict``'s record."""
+    def ratio(r):
+        p = "" if r["p_below_goal"] is None else f", p(< {GOAL}) = {r['p_below_goal']:.3f}"
+        return f"{_pm(r, 2)} ({r['seeds']} seed{'s' if r['seeds'] > 1 else ''}{p})"
+
+    def cost(t):
+        if not t:
+            return "–"
+        se = f" ± {t['se']:.3f}" if t["n"] > 1 else ""
+        p = "" if t["p"] is None else f", p = {t['p']:.3f}"
+        return f"{t['mean']:+.3f}{se}{p}"
+
+    reached = ", ".join(v["reached_by"]) or "none"
+    lines = [f"**Verdict** (goal: {v['goal']}; {v['test']}): reached by {reached}.", ""]
+    for name, d in v["policies"].items():
+        near = d.get("ratio_to_rate_nearest_bpe")
+        lines.append(f"- {name}: CV ratio {ratio(d['ratio'])}"
+                     + (f"; against the same-data BPE nearest its rate ({near['bpe_tokens_per_byte']:.3f} "
+                        f"tokens/byte) {ratio(near)}" if near else "")
+                     + f"; bpb {_pm(d['bpb'])}, − rl {cost(d.get('bpb_minus_rl'))}, − bpe {cost(d.get('bpb_minus_bpe'))}")
+    return "\n".join(lines)
+
+
 def flores_tables(fl: dict) -> str:
     """tables_flores.md: the spread table (methods, then the tokenizers) and the per-language
     table of chunks per content relative to English."""
@@ -770,7 +794,8 @@ def cmd_report(args) -> int:
     chart(by_variant, toks, OUT / "cost_vs_english.png")
     wrote = "results.json, tables.md, cost_vs_english.png"
     if result["flores"]["methods"]:
-        (OUT / "tables_flores.md").write_text(flores_tables(result["flores"]) + "\n")
+        (OUT / "tables_flores.md").write_text(verdict_text(result["flores_verdict"]) + "\n\n"
+                                              + flores_tables(result["flores"]) + "\n")
         wrote += ", tables_flores.md"
         if result["flores"]["tokenizers"]:
             flores_chart(result["flores"], OUT / "flores_cost_vs_english.png")
