@@ -202,6 +202,15 @@ def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode
                        level_boundaries=level_boundary_bytes(out.stage, batch.ids.shape[1]))
 
 
+@torch.no_grad()
+def unet_boundaries(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample") -> Tensor:
+    """The byte-level boundaries :func:`unet_score` gives (``ScoreOutput.boundaries``), from the
+    encoder and the router alone: the same operations on the same inputs as the full forward up
+    to the router, so the same decisions (tests/test_eval_scope.py), at the encoder's cost."""
+    ids = batch.ids
+    return model.stage.router(model.encode(ids), ids, valid=ids != PAD, noise=noise, fixed=None, mode=mode).b
+
+
 @functools.singledispatch
 def training_loss(model: nn.Module, batch: Batch, cfg: RunConfig, **kw) -> StepLoss:
     """The training loss of ``model`` on ``batch`` (the U-Net's unless the model's class

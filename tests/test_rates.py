@@ -284,3 +284,34 @@ def test_score_at_rate_reads_another_domain_at_the_target(method, over):
         assert min(e.rate for e in used) <= target <= max(e.rate for e in used)
     one, match1 = score_at_rate(m, other, 64, target, calibration=cal, cal_docs=None, tol=0.5, dtype="fp32")
     assert match1.how == "calibrated" and len(match1.points) == 1 and one.bpb == pytest.approx(plain.bpb)
+
+
+@pytest.mark.parametrize("method,over", [("rl", {"boundary.scale": 4.0}),
+                                         ("hnet", {"boundary.rate_control": "threshold"}),
+                                         ("nawrot", {}), ("entropy", {"boundary.calibrate": False})])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_rate_alone_is_the_evaluations_rate_and_calibrates_to_the_same_knob(method, over, dtype, monkeypatch):
+    """corpus_rate (encoder and router only) counts the boundaries evaluate_corpus counts, at
+    every knob value, first windows and whole documents; calibrate_rate, which uses it, finds the
+    same knob in the same steps as with the full model."""
+    import rltok.evaluate as ev
+    from rltok.run import build_model
+
+    torch.manual_seed(0)
+    m = build_model(build_config(method, "smoke", overrides={"model.seq_len": 64, **over})).eval()
+    with torch.no_grad():  # a policy head that reads its input (smoke models start at zero)
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    corpus = _calibration_corpus()
+    buf, _, lo, hi = m.boundary.rate_knob()
+    for v in (lo + 0.3 * (hi - lo), float(buf), lo + 0.6 * (hi - lo)):
+        buf.fill_(v)
+        for whole in (False, True):
+            kw = dict(dtype=dtype, whole=whole, batch_size=5)
+            assert ev.corpus_rate(m, corpus, 64, **kw) == ev.evaluate_corpus(m, corpus, 64, **kw).rate
+    start = float(buf)
+    fast = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005)
+    buf.fill_(start)
+    monkeypatch.setattr(ev, "_has_unet_scorer", lambda model: False)
+    slow = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005)
+    assert fast == slow and fast.evaluations > 1
