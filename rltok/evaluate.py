@@ -343,7 +343,7 @@ def rate_knob(model: nn.Module):
 @torch.no_grad()
 def corpus_rate(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | None = None, samples: int = 1,
                 mode: str = "sample", batch_size: int = 8, seed: int = 0, dtype: str = "auto", whole: bool = False,
-                stride: int | None = None, progress: bool = False) -> float:
+                stride: int | None = None) -> float:
     """``evaluate_corpus(...).rate`` (same windows, same draws, same count) from the encoder and
     the byte-level router alone (:func:`rltok.objectives.unet_boundaries`): what each step of a
     rate calibration needs, without the main network and the decoder."""

@@ -288,7 +288,8 @@ def test_score_at_rate_reads_another_domain_at_the_target(method, over):
 
 @pytest.mark.parametrize("method,over", [("rl", {"boundary.scale": 4.0}),
                                          ("hnet", {"boundary.rate_control": "threshold"}),
-                                         ("nawrot", {}), ("entropy", {"boundary.calibrate": False})])
+                                         ("nawrot", {}), ("entropy", {"boundary.calibrate": False}),
+                                         ("rl", {"boundary.scale": 4.0, "model.stages": 2})])
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_the_rate_alone_is_the_evaluations_rate_and_calibrates_to_the_same_knob(method, over, dtype, monkeypatch):
     """corpus_rate (encoder and router only) counts the boundaries evaluate_corpus counts, at
@@ -304,14 +305,14 @@ def test_the_rate_alone_is_the_evaluations_rate_and_calibrates_to_the_same_knob(
             p.add_(torch.randn_like(p) * 0.05)
     corpus = _calibration_corpus()
     buf, _, lo, hi = m.boundary.rate_knob()
-    for v in (lo + 0.3 * (hi - lo), float(buf), lo + 0.6 * (hi - lo)):
+    for v in (lo + 0.3 * (hi - lo), float(buf)):
         buf.fill_(v)
-        for whole in (False, True):
-            kw = dict(dtype=dtype, whole=whole, batch_size=5)
+        for whole, mode, samples in ((False, "sample", 1), (True, "sample", 2), (True, "greedy", 1)):
+            kw = dict(dtype=dtype, whole=whole, batch_size=5, mode=mode, samples=samples)
             assert ev.corpus_rate(m, corpus, 64, **kw) == ev.evaluate_corpus(m, corpus, 64, **kw).rate
     start = float(buf)
-    fast = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005)
+    fast = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005, max_evals=5)
     buf.fill_(start)
     monkeypatch.setattr(ev, "_has_unet_scorer", lambda model: False)
-    slow = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005)
+    slow = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005, max_evals=5)
     assert fast == slow and fast.evaluations > 1

@@ -209,7 +209,7 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
     from rltok.bpe import fit_docs, train_bpe
     from rltok.data import load_splits
 
-    _, info = _same_data_bpe(runs)
+    guidance, info = _same_data_bpe(runs)
     cfg = rltok.load(runs / "bpe_s42").run_config
     docs = fit_docs(load_splits(cfg).train, info["fit_bytes"])
     if len(docs) != info["fit_docs"]:
@@ -218,12 +218,18 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
     fit = docs[max(1, int(len(docs) * 0.1)):]  # fit_bpe_to_rate's fitting part (its first 10% hold out)
     trained = _flores_trained()
     score, cal = read_flores(FLORES, "score"), read_flores(FLORES, "calibrate", keys=sorted(trained))
-    points = []
-    for v in vocabs:
+    points, reproduced = [], None
+    for v in sorted(set(vocabs) | {info["vocab_size"]}):  # the guidance's own size: the check that this is its BPE
         tok = train_bpe(fit, v)
         if any(q["vocab_size"] == tok.get_vocab_size() for q in points):
             continue  # the trainer ran out of merges below v: a larger request gives the same BPE
         rows = cross_language(score, {}, {"b": tok}, reference="eng_Latn")
+        if v == info["vocab_size"]:
+            same = cross_language(score, {}, {"g": guidance}, reference="eng_Latn")
+            reproduced = all(r["tokens:b"] == g["tokens:g"] for r, g in zip(rows, same))
+            if not reproduced:
+                print(f"bpe-sweep: refitted at {v:,}, the BPE does not give the guidance BPE's token counts on "
+                      "FLORES: the sweep is not that BPE's family", file=sys.stderr)
         crow = cross_language(cal, {}, {"b": tok}, reference="eng_Latn")
         tr = [r for r in rows if r["lang"] in trained]
         points.append({"vocab_requested": v, "vocab_size": tok.get_vocab_size(),
@@ -236,6 +242,7 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
         print(f"vocab {p['vocab_size']}: {p['tokens_per_byte_trained']:.3f} tokens/byte on FLORES (training "
               f"languages), CV tokens/content {p['cv_tokens_per_content']['cv']:.3f}", file=sys.stderr)
     return {"fitted_on": {"run": "bpe_s42", "fit_docs": len(fit), "fit_bytes": sum(map(len, fit))},
+            "reproduces_guidance_bpe": reproduced,
             "half": "score (sentences 506-1011); tokens_per_byte_calibration on 0-505", "points": points}
 
 
@@ -513,7 +520,9 @@ def flores_section(by_variant: dict, ftoks: dict | None, sweep: dict | None = No
             near = min(points, key=lambda q: abs(q["tokens_per_byte_trained"] - d["rate_trained"]["mean"]))
             d["ratio_to_rate_nearest_bpe"] = {**_goal_test([c / near["cv_tokens_per_content"]["cv"] for c in cvs]),
                                               "bpe_vocab_size": near["vocab_size"],
-                                              "bpe_tokens_per_byte": near["tokens_per_byte_trained"]}
+                                              "bpe_tokens_per_byte": near["tokens_per_byte_trained"],
+                                              "method_tokens_per_byte": d["rate_trained"]["mean"],
+                                              "bpe_lowest_rate": near is points[0]}
         out["methods"][v] = d
     # the price of each policy in bits per byte, paired by seed, against rl and against BPE guidance
     for v, d in out["methods"].items():
@@ -582,8 +591,9 @@ def verdict_text(v: dict) -> str:
     for name, d in v["policies"].items():
         near = d.get("ratio_to_rate_nearest_bpe")
         lines.append(f"- {name}: CV ratio {ratio(d['ratio'])}"
-                     + (f"; against the same-data BPE nearest its rate ({near['bpe_tokens_per_byte']:.3f} "
-                        f"tokens/byte) {ratio(near)}" if near else "")
+                     + (f"; against the same-data BPE nearest its rate ({near['bpe_tokens_per_byte']:.3f} tokens/byte"
+                        + (", the lowest it reaches" if near.get("bpe_lowest_rate") else "")
+                        + f"; {name} at {near['method_tokens_per_byte']:.3f}) {ratio(near)}" if near else "")
                      + f"; bpb {_pm(d['bpb'])}, − rl {cost(d.get('bpb_minus_rl'))}, − bpe {cost(d.get('bpb_minus_bpe'))}")
     return "\n".join(lines)
 
@@ -630,8 +640,11 @@ def flores_tables(fl: dict) -> str:
     bv = fl.get("bpe_by_vocabulary")
     if bv:
         lines += ["", "### The same-data BPE at other vocabulary sizes (fitted on the same "
-                  f"{bv['fitted_on']['fit_bytes'] / 1e6:.1f} MB of training text; FLORES scoring half, 26 training "
-                  "languages)", "", "| vocabulary | tokens per byte (calibration half) | tokens per byte (scoring half) "
+                  f"{bv['fitted_on']['fit_bytes'] / 1e6:.1f} MB of training text; FLORES scoring half, "
+                  f"{len(fl['languages_trained'])} training languages)"
+                  + {True: "; refitted at its own size it gives the guidance BPE's token counts exactly",
+                     False: "; NOTE: refitted at its own size it does NOT give the guidance BPE's token counts"}.get(
+                      bv.get("reproduces_guidance_bpe"), ""), "", "| vocabulary | tokens per byte (calibration half) | tokens per byte (scoring half) "
                   "| CV tokens/content | max/min tokens/content | CV tokens/content (all 204) |", "|---|---|---|---|---|---|"]
         for q in bv["points"]:
             lines.append(f"| {q['vocab_size']:,} | {q['tokens_per_byte_calibration']:.3f} | {q['tokens_per_byte_trained']:.3f} "
@@ -642,7 +655,9 @@ def flores_tables(fl: dict) -> str:
             r = fl["methods"][v].get("ratio_to_rate_nearest_bpe")
             if r:
                 p = "–" if r["p_below_goal"] is None else f"{r['p_below_goal']:.3f}"
-                lines.append(f"- {v}: CV ratio to the same-data BPE nearest its rate (vocabulary {r['bpe_vocab_size']:,}, "
+                lines.append(f"- {v} (at {r['method_tokens_per_byte']:.3f} chunks/byte): CV ratio to the same-data BPE "
+                             f"nearest its rate (vocabulary {r['bpe_vocab_size']:,}"
+                             + (", the lowest rate it reaches" if r["bpe_lowest_rate"] else "") + ", "
                              f"{r['bpe_tokens_per_byte']:.3f} tokens/byte): {_pm(r, 2)}, p (ratio < {GOAL}) = {p}")
     lines.append("")
     for v in methods:
@@ -965,7 +980,7 @@ def main(argv=None) -> int:
     bs = sub.add_parser("bpe-sweep", help="the same-data BPE at other vocabulary sizes on FLORES-200 (its CV "
                                           "against its rate)")
     bs.add_argument("runs")
-    bs.add_argument("--vocab", default="16384,32768,65536,127996,262144")
+    bs.add_argument("--vocab", default="16384,32768,65536,262144", help="sizes to fit besides the guidance BPE's own")
     bs.add_argument("--into", default=FLORES_RECORDS)
     bs.set_defaults(func=cmd_bpe_sweep)
     r = sub.add_parser("report")
