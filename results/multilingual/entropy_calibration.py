@@ -4,10 +4,11 @@
                calibrated θ up to format 13),
   calibration  the first em_calibration_rows training rows (what calibrates θ from format 14),
   later_rows   1,024 training rows from the 10,000th on (the sampler's own order and packing),
-  validation   the validation documents, in rows of model.seq_len, and their first 512 bytes.
+  validation   the validation documents as an evaluation counts them (each from its own BOS,
+               every byte: rltok.evaluate.corpus_rate, whole, fp32), and their first windows (BOS + 511 bytes).
 
     python results/multilingual/entropy_calibration.py runs/multilingual-flores/entropy_s1 \
-        runs/multilingual-flores-superseded/entropy_s42     # -> entropy_calibration.json
+        runs/multilingual-flores-superseded/entropy_s42.heldout-calibration   # -> entropy_calibration.json
 
 A record per run, keyed by the run folder's parent and name; runs not given keep their record."""
 
@@ -20,10 +21,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import rltok
 from rltok.boundaries.entropy import _held_out_entropies, _load_em, _row_entropies, rule_rate
 from rltok.bpe import fit_docs
 from rltok.data import load_splits
 from rltok.data.loader import SequenceDataset
+from rltok.evaluate import corpus_rate
 from rltok.run import read_config
 
 RECORD = Path(__file__).with_name("entropy_calibration.json")
@@ -42,17 +45,18 @@ def measure(run: Path) -> dict:
         total += len(held[-1])
     ds = SequenceDataset(splits.train, cfg.model.seq_len, cfg.train.seed, cfg.data.packing)
     n = bc.em_calibration_rows
-    val = [splits.val.doc_bytes(i) for i in range(len(splits.val))]
     sets = {"heldout": _held_out_entropies(em, held, cfg.model.seq_len),
             "calibration": _row_entropies(em, ds.batch(np.arange(n, dtype=np.int64)).ids),
-            "later_rows": _row_entropies(em, ds.batch(np.arange(LATER, LATER + n, dtype=np.int64)).ids),
-            "validation": _held_out_entropies(em, val, cfg.model.seq_len),
-            "validation_first512": _held_out_entropies(em, [d[:512] for d in val], cfg.model.seq_len)}
+            "later_rows": _row_entropies(em, ds.batch(np.arange(LATER, LATER + n, dtype=np.int64)).ids)}
     out = {"threshold": bc.threshold, "rule": bc.rule, "target_rate": bc.target_rate,
            "calibrate_on": getattr(bc, "calibrate_on", "heldout"), "recorded_rate": info.get("rate"),
            "heldout_docs": len(held), "heldout_bytes": total, "rates": {}}
     for name, (e, valid, forced) in sets.items():
         out["rates"][name] = {"rate": rule_rate(e, valid, forced, bc.rule, bc.threshold), "bytes": int(valid.sum())}
+    model = rltok.load(run)  # the run's own router (its threshold), scored as evaluations score
+    for name, whole in (("validation", True), ("validation_first512", False)):
+        out["rates"][name] = {"rate": corpus_rate(model, splits.val, cfg.model.seq_len, whole=whole, batch_size=16,
+                                                  dtype="fp32"), "docs": len(splits.val)}
     return out
 
 
