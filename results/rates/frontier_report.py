@@ -4,7 +4,8 @@
 
 Writes frontier_tables.md (per budget: each point's bits/byte, rate and training FLOPs per byte,
 mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
-budget) and frontier.png (bits/byte against training FLOPs per byte, seed error bars both ways).
+budget and every other rl rate paired against it, with the rates that stay unresolved from it) and
+frontier.png (bits/byte against training FLOPs per byte, seed error bars both ways).
 Every number comes from the record."""
 
 from __future__ import annotations
@@ -87,11 +88,24 @@ def tables(rec: dict) -> tuple[str, dict]:
                 p = t.get("p")
                 lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {t['se']:.4f} | "
                              f"{'—' if p is None else f'{p:.3g}'} |")
-        rl = {k[2]: mean_se([r["bpb"] for r in pts[k].values()]) for k in keys if family(k[1]) == "rl"}
+        rl_keys = {k[2]: k for k in keys if family(k[1]) == "rl"}
+        rl = {r: mean_se([x["bpb"] for x in pts[k].values()]) for r, k in rl_keys.items()}
         if rl:
+            # the best mean, and which rates a paired test over seeds cannot tell from it
             best = min(rl, key=lambda r: rl[r][0])
+            tied = []
+            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*rl[best])} bits/byte). Each other rate against it "
+                      "(paired over seeds, two-sided t):", "", "| rate | seeds | Δ bpb | SE | p |", "|---|---|---|---|---|"]
+            for r in sorted(r for r in rl if r != best):
+                t = paired(pts[rl_keys[r]], pts[rl_keys[best]])
+                p = t.get("p")
+                if p is None or p >= 0.05:
+                    tied.append(r)
+                lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {t['se']:.4f} | "
+                             f"{'—' if p is None else f'{p:.3g}'} |")
             summary[f"{size}:best_rl_rate"] = best
-            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*rl[best])} bits/byte)."]
+            summary[f"{size}:rl_rates_not_resolved_from_best"] = tied
+            lines += ["", f"Not resolved from the best at p < 0.05: {', '.join(map(str, tied)) or 'none'}."]
         lines.append("")
     return "\n".join(lines), summary
 

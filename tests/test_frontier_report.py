@@ -1,0 +1,46 @@
+"""Issue 38's frontier report (results/rates/frontier_report.py) on a record worked by hand: the
+best rl rate per budget and which rates a paired test over seeds cannot tell from it, the options
+against rl at 0.2, and the plot."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def fr():
+    spec = importlib.util.spec_from_file_location("frontier_report", REPO / "results" / "rates" / "frontier_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _row(size, tag, rate, seed, bpb):
+    return {"bytes": size, "tag": tag, "requested_rate": rate, "seed": seed, "bpb": bpb, "rate": rate or 0.2,
+            "flops_per_byte": 1e7 * (1 + (rate or 0.2)), "whitespace_recall": 0.9, "boundary_enrichment": 2.0}
+
+
+def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
+    # 8M: rl at 0.2 is best (3.00, 3.01, 3.02); 0.3 is worse by exactly 0.01 at every seed (resolved,
+    # p = 0); 0.1 is worse by 0.01, 0.03, -0.01 (mean 0.01, not resolved)
+    rows = []
+    for s, base in zip((1, 2, 3), (3.00, 3.01, 3.02)):
+        rows += [_row("8M", "rl_r0.2", 0.2, s, base), _row("8M", "rl_r0.3", 0.3, s, base + 0.01),
+                 _row("8M", "rl_r0.1", 0.1, s, base + (0.01, 0.03, -0.01)[s - 1]),
+                 _row("8M", "uniform_r0.2", 0.2, s, base + 0.05), _row("8M", "opt_mean_pool", 0.2, s, base + 0.02 * s),
+                 _row("2M", "rl_r0.2", 0.2, s, base + 0.5), _row("2M", "rl_r0.1", 0.1, s, base + 0.4)]
+    text, summary = fr.tables({"rows": rows})
+    assert summary["8M:best_rl_rate"] == 0.2 and summary["2M:best_rl_rate"] == 0.1
+    assert summary["8M:rl_rates_not_resolved_from_best"] == [0.1]
+    assert summary["2M:rl_rates_not_resolved_from_best"] == []  # 0.1 better by 0.1 at every seed
+    # uniform is not an rl rate; the option is paired with rl at 0.2 seed by seed: +0.02, +0.04, +0.06
+    assert "uniform" not in str(summary["8M:rl_rates_not_resolved_from_best"])
+    t = summary["8M:opt_mean_pool:vs_rl"]
+    assert t["per_seed"] == pytest.approx([0.02, 0.04, 0.06]) and t["se"] == pytest.approx(0.02 / 3 ** 0.5)
+    assert "Best rl rate at 8M: 0.2 (3.0100 ± 0.0058 bits/byte)" in text
+    assert "| 0.3 | 3 | +0.0100 | 0.0000 | 0 |" in text and "Not resolved from the best at p < 0.05: 0.1." in text
+    fr.plot({"rows": rows}, tmp_path / "f.png")
+    assert (tmp_path / "f.png").stat().st_size > 10_000
