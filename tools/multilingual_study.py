@@ -603,9 +603,10 @@ def flores_tables(fl: dict) -> str:
     table of chunks per content relative to English."""
     methods = [v for v in METHOD_ORDER if v in fl["methods"]]
     rm = fl["reference_translated_removed"]
-    lines = ["### FLORES-200, the 26 training languages' scoring half: spread across languages "
+    n = len(fl["languages_trained"])
+    lines = [f"### FLORES-200, the {n} training languages' scoring half: spread across languages "
              "(CV = std/mean; mean ± SE over seeds)", "",
-             "| method | seeds | calibrated rate | chunks (tokens) per byte, 26 langs | bpb (mean, 26 langs) | CV chunks/content "
+             f"| method | seeds | calibrated rate | chunks (tokens) per byte, {n} langs | bpb (mean, {n} langs) | CV chunks/content "
              f"| ratio to same-data BPE | p (ratio < {GOAL}) | max/min chunks/content | CV bytes/chunk | CV bits/content "
              "| CV FLOPs/content | CV chunks/content (all 204) | CV chunks/content (Reference, translated) "
              "| CV chunks/content (UDHR, 20 trained) |",
