@@ -117,6 +117,32 @@ def eval_noise(seed: int, sample: int, doc_indices, length: int, windows=None) -
     return torch.from_numpy(np.stack(rows))
 
 
+def _scored_windows(corpus: Corpus, seq_len: int, *, docs: int | None, samples: int, mode: str, batch_size: int,
+                    seed: int, whole: bool, stride: int | None, device: torch.device, progress: bool = False):
+    """What an evaluation scores and with which draws (evaluate_corpus and corpus_rate count the
+    same): the number of documents, the samples per window, and per batch of windows
+    (doc_indices, window numbers, batch on ``device``, one noise (B, S) per sample, drawn lazily)."""
+    n_docs = len(corpus) if docs is None else min(docs, len(corpus))
+    if n_docs == 0:  # scored, no documents would give nan, a number that looks like a result
+        raise RltokError(f"no documents to score in {corpus.name or 'the corpus'}"
+                         + (f" (docs={docs})" if docs is not None and len(corpus) else ""))
+    stride = seq_len if stride is None else stride
+    if not 1 <= stride <= seq_len:
+        raise ValueError(f"stride={stride} must be in 1..seq_len={seq_len}")
+    batches = document_windows(corpus, seq_len, batch_size, n_docs, stride, first_only=not whole)
+    if progress:
+        from tqdm import tqdm
+
+        batches = tqdm(batches, total=None if whole else math.ceil(n_docs / batch_size), desc="eval", unit="batch")
+    k_samples = 1 if mode == "greedy" else samples
+
+    def draws(idx, windows, S):
+        return (eval_noise(seed, k, idx, S, windows).to(device) for k in range(k_samples))
+
+    return n_docs, k_samples, ((idx, windows, b.to(device), draws(idx, windows, b.ids.shape[1]))
+                               for idx, windows, b in batches)
+
+
 @torch.no_grad()
 def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | None = None,
                     samples: int = 1, mode: str = "sample", batch_size: int = 8, seed: int = 0,
@@ -128,32 +154,19 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
     entry per row). ``whole``: score every byte of each document (module docstring); ``stride``
     (default seq_len) sets how far apart its windows start."""
     device = next(model.parameters()).device
+    n_docs, k_samples, scored_windows = _scored_windows(
+        corpus, seq_len, docs=docs, samples=samples, mode=mode, batch_size=batch_size, seed=seed, whole=whole,
+        stride=stride, device=device, progress=progress)
     was_training = model.training
     model.eval()
-    n_docs = len(corpus) if docs is None else min(docs, len(corpus))
-    if n_docs == 0:  # scored, no documents would give nan, a number that looks like a result
-        raise RltokError(f"no documents to score in {corpus.name or 'the corpus'}"
-                         + (f" (docs={docs})" if docs is not None and len(corpus) else ""))
     nll_doc = np.zeros(n_docs)
     bytes_doc = np.zeros(n_docs, dtype=np.int64)
     counts: dict[str, float] = {}
-    stride = seq_len if stride is None else stride
-    if not 1 <= stride <= seq_len:
-        raise ValueError(f"stride={stride} must be in 1..seq_len={seq_len}")
-    batches = document_windows(corpus, seq_len, batch_size, n_docs, stride, first_only=not whole)
-    n_batches = None if whole else math.ceil(n_docs / batch_size)
-    if progress:
-        from tqdm import tqdm
-
-        batches = tqdm(batches, total=n_batches, desc="eval", unit="batch")
-    k_samples = 1 if mode == "greedy" else samples
     surprisal, starts = [], []  # sample 0: per decided byte (for boundary_enrichment)
-    for idx, windows, batch in batches:
-        batch = batch.to(device)
+    for idx, windows, batch, noises in scored_windows:
         scored = batch.targets >= 0
         np.add.at(bytes_doc, idx, scored.sum(1).cpu().numpy())
-        for k in range(k_samples):
-            noise = eval_noise(seed, k, idx, batch.ids.shape[1], windows).to(device)
+        for k, noise in enumerate(noises):
             with autocast_for(device, dtype, model_width(model)):
                 out = score(model, batch, noise=noise, mode=mode)
             np.add.at(nll_doc, idx, out.nll.double().sum(1).cpu().numpy() / k_samples)
@@ -187,7 +200,7 @@ def evaluate_corpus(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int
         **boundary_enrichment(np.concatenate(surprisal) if surprisal else np.zeros(0),
                               np.concatenate(starts) if starts else np.zeros(0, bool)),
         docs=n_docs, bytes=int(bytes_doc.sum()),
-        samples=k_samples, mode=mode, scoring=f"whole:{stride}" if whole else "first", per_doc_bpb=[float(x) for x in per_doc])
+        samples=k_samples, mode=mode, scoring=f"whole:{stride or seq_len}" if whole else "first", per_doc_bpb=[float(x) for x in per_doc])
 
 
 def level_rates(r: dict[str, float]) -> list[float]:
@@ -347,21 +360,15 @@ def corpus_rate(model: nn.Module, corpus: Corpus, seq_len: int, *, docs: int | N
     """``evaluate_corpus(...).rate`` (same windows, same draws, same count) from the encoder and
     the byte-level router alone (:func:`rltok.objectives.unet_boundaries`): what each step of a
     rate calibration needs, without the main network and the decoder."""
+    device = next(model.parameters()).device
+    _, _, scored_windows = _scored_windows(corpus, seq_len, docs=docs, samples=samples, mode=mode, batch_size=batch_size,
+                                           seed=seed, whole=whole, stride=stride, device=device)
     was_training = model.training
     model.eval()
-    n_docs = len(corpus) if docs is None else min(docs, len(corpus))
-    if n_docs == 0:
-        raise RltokError(f"no documents to score in {corpus.name or 'the corpus'}")
-    stride = seq_len if stride is None else stride
-    if not 1 <= stride <= seq_len:
-        raise ValueError(f"stride={stride} must be in 1..seq_len={seq_len}")
     n_boundary = n_valid = 0
-    device = next(model.parameters()).device
-    for idx, windows, batch in document_windows(corpus, seq_len, batch_size, n_docs, stride, first_only=not whole):
-        batch = batch.to(device)
+    for _, _, batch, noises in scored_windows:
         scored = batch.targets >= 0
-        for k in range(1 if mode == "greedy" else samples):
-            noise = eval_noise(seed, k, idx, batch.ids.shape[1], windows).to(device)
+        for noise in noises:
             with autocast_for(device, dtype, model_width(model)):
                 b = unet_boundaries(model, batch, noise=noise, mode=mode)
             n_boundary += int((b.bool() & scored).sum())

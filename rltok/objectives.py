@@ -206,7 +206,7 @@ def unet_score(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode
 def unet_boundaries(model: nn.Module, batch: Batch, noise: Tensor | None = None, mode: str = "sample") -> Tensor:
     """The byte-level boundaries :func:`unet_score` gives (``ScoreOutput.boundaries``), from the
     encoder and the router alone: the same operations on the same inputs as the full forward up
-    to the router, so the same decisions (tests/test_eval_scope.py), at the encoder's cost."""
+    to the router, so the same decisions (tests/test_rates.py), at the encoder's cost."""
     ids = batch.ids
     return model.stage.router(model.encode(ids), ids, valid=ids != PAD, noise=noise, fixed=None, mode=mode).b
 
