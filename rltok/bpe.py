@@ -129,6 +129,14 @@ def tokens_per_byte(tok, docs: Sequence[bytes]) -> float:
     return n_tok / max(1, n_bytes)
 
 
+def holdout_split(docs: Sequence[bytes], holdout: float = 0.1) -> tuple[list[bytes], list[bytes]]:
+    """(fitting documents, held-out documents) as :func:`fit_bpe_to_rate` splits them: the first
+    ``holdout`` share (at least one) held out; a single document serves as both."""
+    docs = list(docs)
+    n_hold = max(1, int(len(docs) * holdout)) if len(docs) > 1 else 0
+    return docs[n_hold:] or docs, docs[:n_hold] or docs
+
+
 def fit_bpe_to_rate(docs: Sequence[bytes], target_rate: float, *, min_vocab: int = 300,
                     max_vocab: int = 131072, holdout: float = 0.1, iters: int = 8):
     """Train BPEs of different vocabulary sizes and keep the one whose tokens-per-byte on held-out
@@ -138,9 +146,7 @@ def fit_bpe_to_rate(docs: Sequence[bytes], target_rate: float, *, min_vocab: int
     one token per pre-tokenized word) yields the largest useful vocabulary, and the achieved rate
     is reported so the user sees the mismatch.
     """
-    docs = list(docs)
-    n_hold = max(1, int(len(docs) * holdout)) if len(docs) > 1 else 0
-    fit_docs, hold_docs = docs[n_hold:] or docs, docs[:n_hold] or docs
+    fit_docs, hold_docs = holdout_split(docs, holdout)
     lo, hi = np.log(min_vocab), np.log(max_vocab)
     best = None
     cache: dict[int, tuple] = {}

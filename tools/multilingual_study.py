@@ -206,7 +206,7 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
     moves with its rate says how much of the ratio is rate, not method."""
     import rltok
     from rltok.analysis import cross_language, read_flores
-    from rltok.bpe import fit_docs, train_bpe
+    from rltok.bpe import fit_docs, holdout_split, train_bpe
     from rltok.data import load_splits
 
     guidance, info = _same_data_bpe(runs)
@@ -215,7 +215,7 @@ def measure_bpe_sweep(runs: Path, vocabs: list[int]) -> dict:
     if len(docs) != info["fit_docs"]:
         sys.exit(f"{runs / 'bpe_s42'}: its BPE was fitted on {info['fit_docs']} documents, the split gives "
                  f"{len(docs)}: not the same training text")
-    fit = docs[max(1, int(len(docs) * 0.1)):]  # fit_bpe_to_rate's fitting part (its first 10% hold out)
+    fit = holdout_split(docs)[0]  # fit_bpe_to_rate's fitting part
     trained = _flores_trained()
     score, cal = read_flores(FLORES, "score"), read_flores(FLORES, "calibrate", keys=sorted(trained))
     points, reproduced = [], None
