@@ -22,8 +22,7 @@ import numpy as np
 import torch
 
 import rltok
-from rltok.boundaries.entropy import _held_out_entropies, _load_em, _row_entropies, rule_rate
-from rltok.bpe import fit_docs
+from rltok.boundaries.entropy import _held_out_entropies, _load_em, _row_entropies, entropy_model_docs, rule_rate
 from rltok.data import load_splits
 from rltok.data.loader import SequenceDataset
 from rltok.evaluate import corpus_rate
@@ -38,11 +37,8 @@ def measure(run: Path) -> dict:
     bc = cfg.boundary
     splits = load_splits(cfg)
     em, info = _load_em(bc, run)
-    docs = fit_docs(splits.train, bc.em_train_bytes + bc.em_holdout_bytes)
-    held, total = [], 0  # the setup's held-out documents (rltok.boundaries.entropy._setup)
-    while docs and total < bc.em_holdout_bytes and len(docs) > 1:
-        held.append(docs.pop())
-        total += len(held[-1])
+    held = entropy_model_docs(bc, splits.train)[1]  # the setup's held-out documents
+    total = sum(map(len, held))
     ds = SequenceDataset(splits.train, cfg.model.seq_len, cfg.train.seed, cfg.data.packing)
     n = bc.em_calibration_rows
     sets = {"heldout": _held_out_entropies(em, held, cfg.model.seq_len),

@@ -295,17 +295,21 @@ def _load_em(cfg: EntropyConfig, src: Path) -> tuple[ByteLM, dict]:
     return em.eval(), {**info, "source": str(path)}
 
 
-def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
-    from safetensors.torch import save_file
-    bc: EntropyConfig = cfg.boundary
+def entropy_model_docs(bc: EntropyConfig, train_corpus) -> tuple[list[bytes], list[bytes]]:
+    """(the documents the entropy model trains on, its held-out documents): the held-out ones are
+    the last drawn (at least one, em_holdout_bytes), never trained on."""
     docs = fit_docs(train_corpus, bc.em_train_bytes + bc.em_holdout_bytes)
-    # the held-out documents are the last ones drawn (at least one), never trained on
     held, total = [], 0
     while docs and total < bc.em_holdout_bytes and len(docs) > 1:
         held.append(docs.pop())
         total += len(held[-1])
-    if not held:
-        held = docs[-1:]
+    return docs, held or docs[-1:]
+
+
+def _setup(cfg: RunConfig, train_corpus, run_dir: Path) -> None:
+    from safetensors.torch import save_file
+    bc: EntropyConfig = cfg.boundary
+    docs, held = entropy_model_docs(bc, train_corpus)
     if bc.entropy_model:
         em, info = _load_em(bc, Path(bc.entropy_model).expanduser())
     else:
