@@ -110,3 +110,16 @@ def test_each_method_is_also_set_against_the_same_data_bpe_nearest_its_rate(ms):
     assert ms.flores_verdict(fl)["policies"]["rl"]["ratio_to_rate_nearest_bpe"]["bpe_vocab_size"] == 4000
     table = ms.flores_tables(fl)
     assert "| 4,000 | 0.250 | 0.250 | 0.250 |" in table and "vocabulary 4,000" in table
+
+
+def test_the_readme_verdict_block_is_replaced_from_the_record_and_nothing_else_moves(ms):
+    v = {"goal": "CV ratio <= 0.8", "test": "one-sided t", "reached_by": [],
+         "policies": {"rl": {"ratio": {"mean": 4.2, "se": 1.6, "seeds": 3, "p_below_goal": 0.9},
+                             "bpb": {"mean": 3.27, "se": 0.01}}}}
+    readme = f"# Title\n\n{ms.VERDICT_BEGIN}\nold verdict, rl 6.58\n{ms.VERDICT_END}\n\nThe rest stays.\n"
+    out = ms.with_readme_verdict(readme, v)
+    assert out.startswith(f"# Title\n\n{ms.VERDICT_BEGIN}\n**Verdict**") and out.endswith(f"{ms.VERDICT_END}\n\nThe rest stays.\n")
+    assert "6.58" not in out and "- rl: CV ratio 4.20 ± 1.60 (3 seeds, p(< 0.8) = 0.900)" in out
+    assert ms.with_readme_verdict(out, v) == out  # idempotent: the report can run again
+    with pytest.raises(ValueError, match="markers"):
+        ms.with_readme_verdict("# Title\n", v)

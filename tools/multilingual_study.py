@@ -598,6 +598,20 @@ def verdict_text(v: dict) -> str:
     return "\n".join(lines)
 
 
+VERDICT_BEGIN = "<!-- flores-verdict: written by `tools/multilingual_study.py report` from results.json -->"
+VERDICT_END = "<!-- /flores-verdict -->"
+
+
+def with_readme_verdict(readme: str, v: dict) -> str:
+    """``readme`` with the text between its verdict markers replaced by :func:`verdict_text` (the
+    README's first lines state the verdict; generated, so no number in them is typed by hand)."""
+    head, sep, rest = readme.partition(VERDICT_BEGIN)
+    _, sep2, tail = rest.partition(VERDICT_END)
+    if not sep or not sep2:
+        raise ValueError(f"README lacks the markers {VERDICT_BEGIN!r} ... {VERDICT_END!r}")
+    return f"{head}{VERDICT_BEGIN}\n{verdict_text(v)}\n{VERDICT_END}{tail}"
+
+
 def flores_tables(fl: dict) -> str:
     """tables_flores.md: the spread table (methods, then the tokenizers) and the per-language
     table of chunks per content relative to English."""
@@ -813,6 +827,10 @@ def cmd_report(args) -> int:
         (OUT / "tables_flores.md").write_text(verdict_text(result["flores_verdict"]) + "\n\n"
                                               + flores_tables(result["flores"]) + "\n")
         wrote += ", tables_flores.md"
+        readme = OUT / "README.md"
+        if readme.is_file() and VERDICT_BEGIN in readme.read_text():
+            readme.write_text(with_readme_verdict(readme.read_text(), result["flores_verdict"]))
+            wrote += ", README.md's verdict"
         if result["flores"]["tokenizers"]:
             flores_chart(result["flores"], OUT / "flores_cost_vs_english.png")
             wrote += ", flores_cost_vs_english.png"
