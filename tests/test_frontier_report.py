@@ -44,3 +44,26 @@ def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
     assert "| 0.3 | 3 | +0.0100 | 0.0000 | 0 |" in text and "Not resolved from the best at p < 0.05: 0.1." in text
     fr.plot({"rows": rows}, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_the_frontier_reads_rl_at_0_2_from_the_prose_study_at_every_rung_it_has(tmp_path, monkeypatch):
+    """frontier.py does not train again what the prose study measured the same way: its rl, uniform
+    and bpe-lm cells at each of its rungs (2M too: the budget trend's first point); a cell measured
+    before score_at_rate existed is labelled by whether it was calibrated."""
+    import sys
+    monkeypatch.syspath_prepend(str(REPO / "results" / "rates"))
+    import frontier
+
+    cells = tmp_path / "cells"
+    (cells / "2M").mkdir(parents=True)
+    test = {"rate": 0.199, "bpb": 3.0, "bpb_se": 0.02, "docs": 1000, "bytes": 123, "calibrated": True,
+            "flops_per_byte": 9.5e6}
+    (cells / "2M" / "rl_s1.json").write_text(__import__("json").dumps({"test": test, "flops_per_byte_train": 9e6}))
+    monkeypatch.setattr(frontier, "STUDY_CELLS", cells)
+    monkeypatch.setattr(frontier, "ROOT", tmp_path)
+    p = frontier.study_point("2M", "rl_r0.2", 1)
+    assert p["requested_rate"] == 0.2 and p["bpb"] == 3.0 and p["rate_match"] == "calibrated"
+    assert p["flops_per_byte"] == 9.5e6 and p["from"] == "cells/2M/rl_s1.json"
+    assert frontier.study_point("2M", "rl_r0.2", 2) is None  # not yet measured: the frontier waits
+    assert "rl" in frontier.LADDER["2M"] and "bpe-lm-neox" not in frontier.LADDER["2M"]
+    sys.modules.pop("frontier", None)

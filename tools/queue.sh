@@ -3,7 +3,7 @@
 # commit (editing the checkout never changes a running study), results written into this checkout:
 #   1. issue 39's FLORES study (results/multilingual/run_flores.sh) on both cores, JOBS=2;
 #   2. then, one core each: issue 36's prose study (tools/study_prose.py run, 8 and 32 MB, in its
-#      TIERS order) beside issue 38's frontier (results/rates/frontier.py, 8 MB, 3 seeds).
+#      TIERS order) beside issue 38's frontier (results/rates/frontier.py: rl at 2 MB, then 8 MB; 3 seeds).
 # Everything is resumable: a finished run or cell is skipped, a stopped one resumes from its last
 # checkpoint. Commit the records as they land (git status results/).
 #
@@ -43,8 +43,13 @@ run)  # the queue itself (start runs it in the background)
     bash results/multilingual/run_flores.sh "$ROOT/runs/multilingual-flores" >> "$LOGS/multilingual.log" 2>&1 || true
   echo "$(date -u +%FT%TZ) prose study and rate frontier (1 job each)"
   "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose.log" 2>&1 &
-  "$PY" results/rates/frontier.py --bytes 8M --seeds 1,2,3 --prices 0.07 --out "$ROOT/runs/frontier" \
-    --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 &
+  # the frontier: first rl at each rate at 2 MB (an hour; the first point of "the best rate vs
+  # budget"), then every row at 8 MB
+  for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07"; do
+    # shellcheck disable=SC2086
+    "$PY" results/rates/frontier.py $args --seeds 1,2,3 --out "$ROOT/runs/frontier" \
+      --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 || true
+  done &
   wait
   echo "$(date -u +%FT%TZ) queue done"
   ;;

@@ -12,9 +12,9 @@ Rows (one training run per row and seed):
                 controller plus one option, against rl_r0.2: the off-policy warm start (the first
                 10% of the training bytes; the paper's runs disable it and give no length), whitespace
                 prescribed, the deviation upsampler, mean pooling, one shared head
-R in RATES. At 8 MB, rl_r0.2, uniform_r0.2 and the FLOP-matched BPE-token LM are the prose
-study's `rl`, `uniform` and `bpe-lm` cells (same settings, seeds, corpus and test set), read from
-results/study-prose/cells/8M/ and not trained again.
+R in RATES. At every rung of the prose study (2, 8, 32 MB), rl_r0.2, uniform_r0.2 and the
+FLOP-matched BPE-token LM are the study's `rl`, `uniform` and `bpe-lm` cells (same settings, seeds,
+corpus and test set), read from results/study-prose/cells/RUNG/ and not trained again.
 
 Measurement, as the study's `test` set: every byte of every document of the prose test split
 (1,000 documents), scored in windows; a router with a rate knob is calibrated to the point's rate
@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 # the prose study's controller and rate-matching settings: the frontier's points are measured as its cells
 from study_prose import CAL_DOCS, CAL_TOL, HOLD, MATCH_TOL  # noqa: E402
+from study_prose import LADDER  # noqa: E402  (the study's rows per rung: the points it measures for us)
 from study_prose import OUT as STUDY_OUT  # noqa: E402  (RLTOK_STUDY_RESULTS: a frozen checkout reads the live cells)
 
 from rltok.cli import parse_size  # noqa: E402
@@ -146,7 +147,9 @@ def study_point(size: str, tag: str, seed: int) -> dict | None:
             "whitespace_recall": t.get("whitespace_recall"), "word_start_recall": t.get("word_start_recall"),
             "boundary_enrichment": t.get("boundary_enrichment"), "per_doc_bpb": t.get("per_doc_bpb"),
             "flops_per_byte": t.get("flops_per_byte", c["flops_per_byte_train"]),
-            "rate_match": (t.get("rate_match") or {}).get("how", "exact"), "from": str(p.relative_to(ROOT))}
+            # cells measured before score_at_rate existed have no rate_match: calibrated, or exact
+            "rate_match": (t.get("rate_match") or {}).get("how", "calibrated" if t.get("calibrated") else "exact"),
+            "from": str(p.relative_to(ROOT))}
 
 
 def main() -> int:
@@ -174,7 +177,7 @@ def main() -> int:
                 todo = [r for r in (rates or (None,)) if (size, tag, seed, r) not in have]
                 if not todo:
                     continue
-                if size == "8M" and tag in STUDY_TAG:
+                if tag in STUDY_TAG and STUDY_TAG[tag] in LADDER.get(size, ()):
                     point = study_point(size, tag, seed)
                     if point is None:
                         print(f"{size} {tag} s{seed}: waits for the prose study's cell", flush=True)
