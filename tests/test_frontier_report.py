@@ -60,10 +60,10 @@ def test_the_frontier_reads_rl_at_0_2_from_the_prose_study_at_every_rung_it_has(
             "flops_per_byte": 9.5e6}
     (cells / "2M" / "rl_s1.json").write_text(__import__("json").dumps({"test": test, "flops_per_byte_train": 9e6}))
     monkeypatch.setattr(frontier, "STUDY_CELLS", cells)
-    monkeypatch.setattr(frontier, "ROOT", tmp_path)
+    monkeypatch.setattr(frontier, "ROOT", tmp_path / "frozen-worktree")  # the cells lie outside it
     p = frontier.study_point("2M", "rl_r0.2", 1)
     assert p["requested_rate"] == 0.2 and p["bpb"] == 3.0 and p["rate_match"] == "calibrated"
-    assert p["flops_per_byte"] == 9.5e6 and p["from"] == "cells/2M/rl_s1.json"
+    assert p["flops_per_byte"] == 9.5e6 and p["from"] == "prose study cells/2M/rl_s1.json"
     assert frontier.study_point("2M", "rl_r0.2", 2) is None  # not yet measured: the frontier waits
     assert "rl" in frontier.LADDER["2M"] and "bpe-lm-neox" not in frontier.LADDER["2M"]
     sys.modules.pop("frontier", None)

@@ -149,7 +149,8 @@ def study_point(size: str, tag: str, seed: int) -> dict | None:
             "flops_per_byte": t.get("flops_per_byte", c["flops_per_byte_train"]),
             # cells measured before score_at_rate existed have no rate_match: calibrated, or exact
             "rate_match": (t.get("rate_match") or {}).get("how", "calibrated" if t.get("calibrated") else "exact"),
-            "from": str(p.relative_to(ROOT))}
+            # named from the study's results folder: a frozen worktree's ROOT does not hold it
+            "from": f"prose study {p.relative_to(STUDY_CELLS.parent).as_posix()}"}
 
 
 def main() -> int:
