@@ -594,7 +594,9 @@ def verdict_text(v: dict) -> str:
                      + (f"; against the same-data BPE nearest its rate ({near['bpe_tokens_per_byte']:.3f} tokens/byte"
                         + (", the lowest it reaches" if near.get("bpe_lowest_rate") else "")
                         + f"; {name} at {near['method_tokens_per_byte']:.3f}) {ratio(near)}" if near else "")
-                     + f"; bpb {_pm(d['bpb'])}, − rl {cost(d.get('bpb_minus_rl'))}, − bpe {cost(d.get('bpb_minus_bpe'))}")
+                     + f"; bpb {_pm(d['bpb'])}"
+                     + (f", − rl {cost(d['bpb_minus_rl'])}" if d.get("bpb_minus_rl") else "")
+                     + f", − bpe {cost(d.get('bpb_minus_bpe'))}")
     return "\n".join(lines)
 
 
