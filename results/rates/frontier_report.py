@@ -59,6 +59,10 @@ def _fmt(m: float, s: float, nd: int = 4) -> str:
     return f"{m:.{nd}f}" + (f" ± {s:.{nd}f}" if math.isfinite(s) else "")
 
 
+def _se(se: float) -> str:
+    return f"{se:.4f}" if math.isfinite(se) else "—"  # one seed: no SE
+
+
 def tables(rec: dict) -> tuple[str, dict]:
     pts = points(rec["rows"])
     lines, summary = [], {}
@@ -86,7 +90,7 @@ def tables(rec: dict) -> tuple[str, dict]:
                 t = paired(pts[k], base)
                 summary[f"{size}:{k[1]}:vs_rl"] = t
                 p = t.get("p")
-                lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {t['se']:.4f} | "
+                lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | "
                              f"{'—' if p is None else f'{p:.3g}'} |")
         rl_keys = {k[2]: k for k in keys if family(k[1]) == "rl"}
         rl = {r: mean_se([x["bpb"] for x in pts[k].values()]) for r, k in rl_keys.items()}
@@ -101,7 +105,7 @@ def tables(rec: dict) -> tuple[str, dict]:
                 p = t.get("p")
                 if p is None or p >= 0.05:
                     tied.append(r)
-                lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {t['se']:.4f} | "
+                lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | "
                              f"{'—' if p is None else f'{p:.3g}'} |")
             summary[f"{size}:best_rl_rate"] = best
             summary[f"{size}:rl_rates_not_resolved_from_best"] = tied
