@@ -830,8 +830,12 @@ def cmd_report(args) -> int:
                                               + flores_tables(result["flores"]) + "\n")
         wrote += ", tables_flores.md"
         readme = OUT / "README.md"
-        if readme.is_file() and VERDICT_BEGIN in readme.read_text():
-            readme.write_text(with_readme_verdict(readme.read_text(), result["flores_verdict"]))
+        text = readme.read_text() if readme.is_file() else ""
+        if VERDICT_BEGIN in text:
+            try:
+                readme.write_text(with_readme_verdict(text, result["flores_verdict"]))
+            except ValueError as e:  # a marker edited away: say so, leave the README as it is
+                sys.exit(f"{readme}: {e}")
             wrote += ", README.md's verdict"
         if result["flores"]["tokenizers"]:
             flores_chart(result["flores"], OUT / "flores_cost_vs_english.png")
