@@ -46,6 +46,15 @@ def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
+def test_one_measured_rate_is_not_called_the_best(fr):
+    # a budget with rl at one rate so far has no best rate to report, not a "best" with no rivals
+    rows = [_row("32M", "rl_r0.2", 0.2, s, 2.0 + s / 100) for s in (1, 2, 3)]
+    text, summary = fr.tables({"rows": rows})
+    assert summary["32M:best_rl_rate"] is None
+    assert "Best rl rate at 32M: not yet asked (only rate 0.2 measured)." in text
+    assert "Not resolved from the best" not in text
+
+
 def test_the_frontier_reads_rl_at_0_2_from_the_prose_study_at_every_rung_it_has(tmp_path, monkeypatch):
     """frontier.py does not train again what the prose study measured the same way: its rl, uniform
     and bpe-lm cells at each of its rungs (2M too: the budget trend's first point); a cell measured

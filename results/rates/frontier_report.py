@@ -94,7 +94,11 @@ def tables(rec: dict) -> tuple[str, dict]:
                              f"{'—' if p is None else f'{p:.3g}'} |")
         rl_keys = {k[2]: k for k in keys if family(k[1]) == "rl"}
         rl = {r: mean_se([x["bpb"] for x in pts[k].values()]) for r, k in rl_keys.items()}
-        if rl:
+        if len(rl) == 1:
+            (only,) = rl
+            summary[f"{size}:best_rl_rate"] = None
+            lines += ["", f"Best rl rate at {size}: not yet asked (only rate {only} measured)."]
+        elif rl:
             # the best mean, and which rates a paired test over seeds cannot tell from it
             best = min(rl, key=lambda r: rl[r][0])
             tied = []
@@ -144,6 +148,13 @@ def plot(rec: dict, dest: Path) -> None:
         ax.set_xlabel("training FLOPs per byte (millions, at the rate on test)")
         ax.set_ylabel("prose test bits/byte (whole documents)")
         ax.grid(alpha=0.3)
+        # absolute values on the axes, and at least 0.05 bits/byte of height, so that two nearly
+        # equal points read as nearly equal rather than filling the panel behind an offset label
+        ax.ticklabel_format(useOffset=False)
+        lo, hi = ax.get_ylim()
+        if hi - lo < 0.05:
+            mid = (lo + hi) / 2
+            ax.set_ylim(mid - 0.025, mid + 0.025)
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(dest, dpi=130)
