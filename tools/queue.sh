@@ -3,7 +3,8 @@
 # commit (editing the checkout never changes a running study), results written into this checkout:
 #   1. issue 39's FLORES study (results/multilingual/run_flores.sh) on both cores, JOBS=2;
 #   2. then, one core each: issue 36's prose study (tools/study_prose.py run, 8 and 32 MB, in its
-#      TIERS order) beside issue 38's frontier (results/rates/frontier.py: rl at 2 MB, then 8 MB; 3 seeds).
+#      TIERS order) beside issue 38's frontier (results/rates/frontier.py: rl at 2 MB, then every row
+#      at 8 MB, then rl at 32 MB; 3 seeds).
 # Everything is resumable: a finished run or cell is skipped, a stopped one resumes from its last
 # checkpoint. Commit the records as they land (git status results/).
 #
@@ -48,8 +49,9 @@ run)  # the queue itself (start runs it in the background)
   echo "$(date -u +%FT%TZ) prose study and rate frontier (1 job each)"
   "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose.log" 2>&1 &
   # the frontier: first rl at each rate at 2 MB (an hour; the first point of "the best rate vs
-  # budget"), then every row at 8 MB
-  for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07"; do
+  # budget"), then every row at 8 MB, then rl at each rate at 32 MB (the budget trend's last point;
+  # rl at 0.2 there is the prose study's cell)
+  for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07" "--bytes 32M --rows rl"; do
     # shellcheck disable=SC2086
     "$PY" results/rates/frontier.py $args --seeds 1,2,3 --out "$ROOT/runs/frontier" \
       --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 || true
