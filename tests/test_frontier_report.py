@@ -46,6 +46,30 @@ def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
     assert (tmp_path / "f.png").stat().st_size > 10_000
 
 
+def test_the_best_rate_at_equal_compute_is_not_the_best_at_equal_bytes(fr, tmp_path):
+    # rl at 0.2 is 0.01 better than 0.1 at both budgets, but costs 1.2e7 FLOPs per byte against 1.1e7.
+    # Training compute: 0.1 spans 2.2e13 (2M) to 8.8e13 (8M), 0.2 spans 2.4e13 to 9.6e13; both are
+    # read over [2.4e13, 8.8e13]. At 2.4e13, 0.1 is at log(2.4/2.2)/log(4) = 0.06277 of its way from
+    # 3.00 to 2.60: 2.97489, below 0.2's 2.99 by 0.01511; at 8.8e13 0.2 has come 0.93723 of its way
+    # from 2.99 to 2.59: 2.61511, above 0.1's 2.60 by the same. Equal seed offsets: p = 0.
+    rows = []
+    for s in (1, 2, 3):
+        rows += [_row("2M", "rl_r0.1", 0.1, s, 3.00 + s / 1000), _row("8M", "rl_r0.1", 0.1, s, 2.60 + s / 1000),
+                 _row("2M", "rl_r0.2", 0.2, s, 2.99 + s / 1000), _row("8M", "rl_r0.2", 0.2, s, 2.59 + s / 1000),
+                 _row("8M", "uniform_r0.2", 0.2, s, 2.0)]  # not rl: not on a curve
+    text, summary = fr.tables({"rows": rows})
+    assert summary["2M:best_rl_rate"] == 0.2 and summary["8M:best_rl_rate"] == 0.2  # at equal bytes
+    eq = summary["equal_compute"]
+    assert [e["flops"] for e in eq] == pytest.approx([2.4e13, (2.4e13 * 8.8e13) ** 0.5, 8.8e13])
+    assert [e["best_rl_rate"] for e in eq] == [0.1, 0.1, 0.1]
+    assert all(e["rl_rates_not_resolved_from_best"] == [] for e in eq)
+    assert text.count("| 0.2 | 3 | 2.9920 ± 0.0006 | +0.0151 | 0.0000 | 0 |") == 1  # at 2.4e13, 0.2 at its 2M point
+    assert "At 2.4e+13 training FLOPs: best rate 0.1 (2.9769 ± 0.0006 bits/byte)" in text
+    assert "At 8.8e+13 training FLOPs: best rate 0.1 (2.6020 ± 0.0006 bits/byte)" in text
+    fr.plot({"rows": rows}, tmp_path / "f.png")  # two budget panels and the compute panel
+    assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
 def test_one_measured_rate_is_not_called_the_best(fr):
     # a budget with rl at one rate so far has no best rate to report, not a "best" with no rivals
     rows = [_row("32M", "rl_r0.2", 0.2, s, 2.0 + s / 100) for s in (1, 2, 3)]

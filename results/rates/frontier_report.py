@@ -4,8 +4,10 @@
 
 Writes frontier_tables.md (per budget: each point's bits/byte, rate and training FLOPs per byte,
 mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
-budget and every other rl rate paired against it, with the rates that stay unresolved from it) and
-frontier.png (bits/byte against training FLOPs per byte, seed error bars both ways).
+budget and every other rl rate paired against it, with the rates that stay unresolved from it; the
+same at equal training compute, once rl's rates span two budgets) and frontier.png (bits/byte
+against training FLOPs per byte, seed error bars both ways; and rl at each rate against total
+training compute through its budgets).
 Every number comes from the record."""
 
 from __future__ import annotations
@@ -115,7 +117,71 @@ def tables(rec: dict) -> tuple[str, dict]:
             summary[f"{size}:rl_rates_not_resolved_from_best"] = tied
             lines += ["", f"Not resolved from the best at p < 0.05: {', '.join(map(str, tied)) or 'none'}."]
         lines.append("")
-    return "\n".join(lines), summary
+    more, extra = equal_compute(rec)
+    return "\n".join(lines + more), summary | extra
+
+
+def total_flops(row: dict) -> float:
+    """A point's training compute: its training bytes times its FLOPs per byte (at the rate on test)."""
+    from rltok.cli import parse_size
+
+    return parse_size(row["bytes"]) * row["flops_per_byte"]
+
+
+def rl_curves(rec: dict) -> dict:
+    """rl's fixed-rate rows across budgets: rate -> seed -> [(log total FLOPs, bpb)] by compute."""
+    curves: dict = defaultdict(lambda: defaultdict(list))
+    for r in rec["rows"]:
+        if family(r["tag"]) == "rl" and r.get("requested_rate") is not None:
+            curves[r["requested_rate"]][r["seed"]].append((math.log(total_flops(r)), r["bpb"]))
+    return {rate: {s: sorted(v) for s, v in seeds.items()} for rate, seeds in curves.items()}
+
+
+def interp(curve: list[tuple[float, float]], x: float) -> float | None:
+    """Piecewise-linear interpolation through the curve's points; None outside them (no extrapolation)."""
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x0 <= x <= x1:
+            return y0 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None
+
+
+def equal_compute(rec: dict) -> tuple[list[str], dict]:
+    """The best rl rate at equal training compute, not at equal bytes: a higher rate costs more FLOPs
+    per byte, so at a fixed byte budget it also buys more compute. Each rate's bits/byte, seed by
+    seed, is interpolated linearly in log(total training FLOPs) between its budgets and read at
+    compute levels every rate's curves span (the ends and the geometric middle of the common
+    range); the rate with the lowest mean there, and each other rate paired against it over seeds."""
+    curves = {r: {s: c for s, c in seeds.items() if len(c) >= 2} for r, seeds in rl_curves(rec).items()}
+    curves = {r: seeds for r, seeds in curves.items() if seeds}
+    if len(curves) < 2:
+        return [], {}
+    ends = [c for seeds in curves.values() for c in seeds.values()]
+    lo, hi = max(c[0][0] for c in ends), min(c[-1][0] for c in ends)
+    if lo > hi:
+        return [], {}
+    lines = ["### rl's rates at equal training compute", "",
+             "Each rate's bits/byte, seed by seed, interpolated linearly in log(training FLOPs) between "
+             "its budgets (no extrapolation), read where every rate's curves reach; each rate paired "
+             "over seeds against the best there (two-sided t, n − 1 df).", ""]
+    out = []
+    for x in sorted({lo, (lo + hi) / 2, hi}):
+        at = {r: {s: {"bpb": interp(c, x)} for s, c in seeds.items()} for r, seeds in curves.items()}
+        mean = {r: mean_se([v["bpb"] for v in seeds.values()]) for r, seeds in at.items()}
+        best = min(mean, key=lambda r: mean[r][0])
+        lines += [f"At {math.exp(x):.3g} training FLOPs: best rate {best} ({_fmt(*mean[best])} bits/byte)", "",
+                  "| rate | seeds | bpb | Δ vs best | SE | p |", "|---|---|---|---|---|---|"]
+        tied = []
+        for r in sorted(at):
+            t = paired(at[r], at[best]) if r != best else None
+            p = t.get("p") if t else None
+            if t and (p is None or p >= 0.05):
+                tied.append(r)
+            lines.append(f"| {r} | {len(at[r])} | {_fmt(*mean[r])} | "
+                         + ("— | — | — |" if t is None else
+                            f"{t['mean']:+.4f} | {_se(t['se'])} | {'—' if p is None else f'{p:.3g}'} |"))
+        lines += ["", f"Not resolved from the best at p < 0.05: {', '.join(map(str, tied)) or 'none'}.", ""]
+        out.append({"flops": math.exp(x), "best_rl_rate": best, "rl_rates_not_resolved_from_best": tied})
+    return lines, {"equal_compute": out}
 
 
 def plot(rec: dict, dest: Path) -> None:
@@ -126,7 +192,26 @@ def plot(rec: dict, dest: Path) -> None:
 
     pts = points(rec["rows"])
     sizes = sorted({k[0] for k in pts}, key=lambda s: float(s[:-1]))
-    fig, axes = plt.subplots(1, len(sizes), figsize=(6.5 * len(sizes), 4.8), squeeze=False)
+    spans = {r: seeds for r, seeds in rl_curves(rec).items() if any(len(c) >= 2 for c in seeds.values())}
+    fig, axes = plt.subplots(1, len(sizes) + bool(spans), figsize=(6.5 * (len(sizes) + bool(spans)), 4.8),
+                             squeeze=False)
+    if spans:  # rl at each rate through its budgets, against total training compute
+        ax = axes[0][-1]
+        for rate, seeds in sorted(spans.items()):
+            by_budget: dict = defaultdict(list)
+            for c in seeds.values():
+                for i, (x, y) in enumerate(c):
+                    by_budget[i].append((math.exp(x), y))
+            xs = [mean_se([p[0] for p in v])[0] for _, v in sorted(by_budget.items())]
+            ys = [mean_se([p[1] for p in v]) for _, v in sorted(by_budget.items())]
+            ax.errorbar(xs, [y[0] for y in ys], yerr=[0 if math.isnan(y[1]) else y[1] for y in ys], fmt="-o",
+                        capsize=3, markersize=4, label=f"rl at {rate:g}")
+        ax.set_xscale("log")
+        ax.set_title("rl at each rate through its budgets (mean ± SE over seeds)")
+        ax.set_xlabel("training FLOPs per run (bytes × FLOPs per byte)")
+        ax.set_ylabel("prose test bits/byte (whole documents)")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     for ax, size in zip(axes[0], sizes):
         series: dict = defaultdict(list)
         for k, seeds in pts.items():
