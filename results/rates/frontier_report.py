@@ -65,6 +65,17 @@ def _se(se: float) -> str:
     return f"{se:.4f}" if math.isfinite(se) else "—"  # one seed: no SE
 
 
+def against_best(by_rate: dict) -> tuple:
+    """rate -> {seed: row with bpb}: the rate with the lowest mean over seeds, every rate's mean ± SE,
+    each other rate paired against the best over seeds (in rate order), and the rates that test
+    cannot tell from the best (p >= 0.05, or no p)."""
+    mean = {r: mean_se([x["bpb"] for x in seeds.values()]) for r, seeds in by_rate.items()}
+    best = min(mean, key=lambda r: mean[r][0])
+    tests = {r: paired(by_rate[r], by_rate[best]) for r in sorted(by_rate) if r != best}
+    tied = [r for r, t in tests.items() if t.get("p") is None or t["p"] >= 0.05]
+    return best, mean, tests, tied
+
+
 def tables(rec: dict) -> tuple[str, dict]:
     pts = points(rec["rows"])
     lines, summary = [], {}
@@ -94,23 +105,17 @@ def tables(rec: dict) -> tuple[str, dict]:
                 p = t.get("p")
                 lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | "
                              f"{'—' if p is None else f'{p:.3g}'} |")
-        rl_keys = {k[2]: k for k in keys if family(k[1]) == "rl"}
-        rl = {r: mean_se([x["bpb"] for x in pts[k].values()]) for r, k in rl_keys.items()}
+        rl = {k[2]: pts[k] for k in keys if family(k[1]) == "rl"}
         if len(rl) == 1:
             (only,) = rl
             summary[f"{size}:best_rl_rate"] = None
             lines += ["", f"Best rl rate at {size}: not yet asked (only rate {only} measured)."]
         elif rl:
-            # the best mean, and which rates a paired test over seeds cannot tell from it
-            best = min(rl, key=lambda r: rl[r][0])
-            tied = []
-            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*rl[best])} bits/byte). Each other rate against it "
+            best, mean, tests, tied = against_best(rl)
+            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*mean[best])} bits/byte). Each other rate against it "
                       "(paired over seeds, two-sided t):", "", "| rate | seeds | Δ bpb | SE | p |", "|---|---|---|---|---|"]
-            for r in sorted(r for r in rl if r != best):
-                t = paired(pts[rl_keys[r]], pts[rl_keys[best]])
+            for r, t in tests.items():
                 p = t.get("p")
-                if p is None or p >= 0.05:
-                    tied.append(r)
                 lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | "
                              f"{'—' if p is None else f'{p:.3g}'} |")
             summary[f"{size}:best_rl_rate"] = best
@@ -166,16 +171,12 @@ def equal_compute(rec: dict) -> tuple[list[str], dict]:
     out = []
     for x in sorted({lo, (lo + hi) / 2, hi}):
         at = {r: {s: {"bpb": interp(c, x)} for s, c in seeds.items()} for r, seeds in curves.items()}
-        mean = {r: mean_se([v["bpb"] for v in seeds.values()]) for r, seeds in at.items()}
-        best = min(mean, key=lambda r: mean[r][0])
+        best, mean, tests, tied = against_best(at)
         lines += [f"At {math.exp(x):.3g} training FLOPs: best rate {best} ({_fmt(*mean[best])} bits/byte)", "",
                   "| rate | seeds | bpb | Δ vs best | SE | p |", "|---|---|---|---|---|---|"]
-        tied = []
         for r in sorted(at):
-            t = paired(at[r], at[best]) if r != best else None
+            t = tests.get(r)
             p = t.get("p") if t else None
-            if t and (p is None or p >= 0.05):
-                tied.append(r)
             lines.append(f"| {r} | {len(at[r])} | {_fmt(*mean[r])} | "
                          + ("— | — | — |" if t is None else
                             f"{t['mean']:+.4f} | {_se(t['se'])} | {'—' if p is None else f'{p:.3g}'} |"))
@@ -192,18 +193,16 @@ def plot(rec: dict, dest: Path) -> None:
 
     pts = points(rec["rows"])
     sizes = sorted({k[0] for k in pts}, key=lambda s: float(s[:-1]))
-    spans = {r: seeds for r, seeds in rl_curves(rec).items() if any(len(c) >= 2 for c in seeds.values())}
+    spans = {r for r, seeds in rl_curves(rec).items() if any(len(c) >= 2 for c in seeds.values())}
     fig, axes = plt.subplots(1, len(sizes) + bool(spans), figsize=(6.5 * (len(sizes) + bool(spans)), 4.8),
                              squeeze=False)
     if spans:  # rl at each rate through its budgets, against total training compute
         ax = axes[0][-1]
-        for rate, seeds in sorted(spans.items()):
-            by_budget: dict = defaultdict(list)
-            for c in seeds.values():
-                for i, (x, y) in enumerate(c):
-                    by_budget[i].append((math.exp(x), y))
-            xs = [mean_se([p[0] for p in v])[0] for _, v in sorted(by_budget.items())]
-            ys = [mean_se([p[1] for p in v]) for _, v in sorted(by_budget.items())]
+        for rate in sorted(spans):
+            line = sorted(((k[0], by_seed) for k, by_seed in pts.items() if family(k[1]) == "rl" and k[2] == rate),
+                          key=lambda b: float(b[0][:-1]))  # one point per budget, mean over its seeds
+            xs = [mean_se([total_flops(r) for r in by_seed.values()])[0] for _, by_seed in line]
+            ys = [mean_se([r["bpb"] for r in by_seed.values()]) for _, by_seed in line]
             ax.errorbar(xs, [y[0] for y in ys], yerr=[0 if math.isnan(y[1]) else y[1] for y in ys], fmt="-o",
                         capsize=3, markersize=4, label=f"rl at {rate:g}")
         ax.set_xscale("log")
