@@ -21,6 +21,7 @@ FROZEN=${FROZEN:-$(dirname "$ROOT")/rltok-frozen}
 LOGS=${LOGS:-$ROOT/runs/queue}
 PY=$ROOT/.venv/bin/python
 SHARED=${RLTOK_SHARED_DATA:-$(dirname "$ROOT")/shared/data}
+flores_records() { ls "$ROOT"/results/multilingual/measure-8M/[!_]*_s*.json 2>/dev/null | wc -l; }
 
 case "${1:-status}" in
 start)
@@ -41,7 +42,7 @@ run)  # the queue itself (start runs it in the background)
          RLTOK_STUDY_RESULTS=$ROOT/results/study-prose RLTOK_STUDY_RUNS=$ROOT/runs/study-prose
   # the FLORES study's runs are skipped by their run directories, which a fresh machine lacks:
   # once all 18 records exist it is done and is not retrained
-  if [ "$(ls "$ROOT"/results/multilingual/measure-8M/[!_]*_s*.json 2>/dev/null | wc -l)" -lt 18 ]; then
+  if [ "$(flores_records)" -lt 18 ]; then
     echo "$(date -u +%FT%TZ) FLORES study (2 jobs)"
     JOBS=2 ML_RESULTS=$ROOT/results/multilingual RLTOK="$PY -m rltok" PYTHON=$PY \
       bash results/multilingual/run_flores.sh "$ROOT/runs/multilingual-flores" >> "$LOGS/multilingual.log" 2>&1 || true
@@ -61,7 +62,7 @@ run)  # the queue itself (start runs it in the background)
   ;;
 status)
   pgrep -fa "rltok train|study_prose.py cell|multilingual_study.py|frontier.py" | cut -c1-160 || echo "queue: nothing running"
-  echo "FLORES records: $(ls "$ROOT"/results/multilingual/measure-8M/[!_]*_s*.json 2>/dev/null | wc -l) of 18"
+  echo "FLORES records: $(flores_records) of 18"
   echo "prose cells: $(ls "$ROOT"/results/study-prose/cells/*/*.json 2>/dev/null | wc -l)"
   [ -f "$ROOT/results/rates/frontier.json" ] && echo "frontier points: $("$PY" -c "import json,sys; print(len(json.load(open(sys.argv[1]))['rows']))" "$ROOT/results/rates/frontier.json" 2>/dev/null || echo '?')"
   ;;
