@@ -41,9 +41,34 @@ def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
     t = summary["8M:opt_mean_pool:vs_rl"]
     assert t["per_seed"] == pytest.approx([0.02, 0.04, 0.06]) and t["se"] == pytest.approx(0.02 / 3 ** 0.5)
     assert "Best rl rate at 8M: 0.2 (3.0100 ± 0.0058 bits/byte)" in text
-    assert "| 0.3 | 3 | +0.0100 | 0.0000 | 0 |" in text and "Not resolved from the best at p < 0.05: 0.1." in text
+    assert "| 0.3 | 3 | +0.0100 | 0.0000 | 0 | 0 |" in text
+    assert "Not resolved from the best at Holm-adjusted p < 0.05: 0.1." in text
     fr.plot({"rows": rows}, tmp_path / "f.png")
     assert (tmp_path / "f.png").stat().st_size > 10_000
+
+
+def test_holm_adjustment_worked_by_hand(fr):
+    # sorted 0.01, 0.03, 0.04 of three tests: x3 = 0.03, x2 = 0.06, x1 = 0.04 -> kept monotone: 0.06
+    assert fr.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None}) == pytest.approx(
+        {"a": 0.03, "b": 0.06, "c": 0.06, "d": None})
+    assert fr.holm({"a": 0.6, "b": 0.7}) == {"a": 1.0, "b": 1.0}  # capped at 1
+
+
+def test_rates_resolved_only_after_adjusting_for_the_chosen_best(fr):
+    # rl at 0.2 is best; paired t against it: 0.4 p = 0.0351, 0.3 p = 0.0371, 0.1 p = 0.0742 (scipy
+    # ttest_rel). Two are below 0.05 unadjusted; Holm over three: 0.105, 0.0742 -> 0.105, 0.0742 ->
+    # 0.105: none is resolved from the best
+    from scipy import stats
+
+    base, diff = (3.00, 3.01, 3.02), {0.4: (0.02, 0.03, 0.04), 0.3: (0.01, 0.02, 0.014), 0.1: (0.01, 0.03, 0.02)}
+    rows = [_row("8M", "rl_r0.2", 0.2, s, b) for s, b in zip((1, 2, 3), base)]
+    rows += [_row("8M", f"rl_r{r}", r, s, b + d) for r, ds in diff.items() for s, b, d in zip((1, 2, 3), base, ds)]
+    text, summary = fr.tables({"rows": rows})
+    raw = {r: stats.ttest_rel([b + x for b, x in zip(base, d)], base).pvalue for r, d in diff.items()}
+    assert sorted(raw.values())[:2] == pytest.approx([0.0351, 0.0371], abs=1e-4)
+    assert summary["8M:best_rl_rate"] == 0.2
+    assert summary["8M:rl_rates_not_resolved_from_best"] == [0.1, 0.3, 0.4]
+    assert "| 0.4 | 3 | +0.0300 | 0.0058 | 0.0351 | 0.105 |" in text
 
 
 def test_the_best_rate_at_equal_compute_is_not_the_best_at_equal_bytes(fr, tmp_path):
