@@ -98,3 +98,33 @@ def test_the_plan_runs_every_cell_once_with_the_comparisons_rows_first(sp):
     # within a tier, seed by seed: seed 2 of any core row after seed 1 of every core row
     assert min(pos[("8M", t, 2)] for t in sp.CORE_8M) > max(pos[("8M", t, 1)] for t in sp.CORE_8M)
     assert sp.plan(["8M"])[0] == ("8M", "rl", 1)
+
+
+def test_readme_block_is_the_largest_rung_with_every_planned_seed(sp, tmp_path):
+    # 2M: every core row at its 3 seeds, rl better than uniform by 0.05, 0.06, 0.04 (mean 0.05,
+    # SE 0.01/sqrt(3) = 0.0058, t = 8.66 with 2 df: p = 0.013); 8M: every core row at seeds 1-3,
+    # short of the five the close comparisons need, so 8M is not complete and the README shows 2M
+    cells = []
+    for tag in sp.TOP:
+        for s, d in zip((1, 2, 3), (0.05, 0.06, 0.04)):
+            # nawrot scattered around the others (+0.05, -0.06, +0.02): nothing against it is resolved
+            shift = {"rl": -d, "nawrot": (0.05, -0.06, 0.02)[s - 1]}.get(tag, 0.0)
+            cells.append(_cell(tag, s, 2.0 + 0.01 * s + shift))
+    cells += [{**_cell(t, s, 1.5), "rung": "8M"} for t in sp.CORE_8M for s in (1, 2, 3)]
+    summ = sp.summarize(cells)
+    assert sp.complete_rung(summ) == "2M"
+    block = sp.readme_summary(summ)
+    assert block.startswith("Prose study, 2M bytes per run")
+    assert "| rl − uniform | 3 | -0.050 ± 0.006 | 0.013 | -0.050 ± 0.006 | 0.013 |" in block
+    resolved = block.split("Resolved at p < 0.05:")[1]
+    assert "rl − uniform (test)" in resolved and "nawrot" not in resolved
+    assert "abl-" not in block and "entropy" not in block  # no ablation rows; entropy is not a 2M row
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n{sp.README_START}\nold table\n{sp.README_END}\nafter\n")
+    assert sp.write_readme_block(readme, block)
+    text = readme.read_text()
+    assert "old table" not in text and block in text and text.startswith("# x\n\nbefore\n") and text.endswith("after\n")
+    bare = tmp_path / "bare.md"
+    bare.write_text("no markers\n")
+    assert not sp.write_readme_block(bare, block) and bare.read_text() == "no markers\n"
+    assert sp.readme_summary(sp.summarize(cells[27:])) == "The prose study has no complete rung yet."
