@@ -5,8 +5,8 @@
 Writes frontier_tables.md (per budget: each point's bits/byte, rate and training FLOPs per byte,
 mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
 budget and every other rl rate paired against it, with the rates that stay unresolved from it
-(Holm-adjusted: the best is picked from the same means); the
-same at equal training compute, once rl's rates span two budgets) and frontier.png (bits/byte
+(Holm-adjusted: the best is picked from the same means); the same at equal training compute, once
+rl's rates span two budgets) and frontier.png (bits/byte
 against training FLOPs per byte, seed error bars both ways; and rl at each rate against total
 training compute through its budgets).
 Every number comes from the record."""
@@ -127,9 +127,7 @@ def tables(rec: dict) -> tuple[str, dict]:
             for k in opts:
                 t = paired(pts[k], base)
                 summary[f"{size}:{k[1]}:vs_rl"] = t
-                p = t.get("p")
-                lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | "
-                             f"{'—' if p is None else f'{p:.3g}'} |")
+                lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} |")
         rl = {k[2]: pts[k] for k in keys if family(k[1]) == "rl"}
         if len(rl) == 1:
             (only,) = rl
