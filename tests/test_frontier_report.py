@@ -125,3 +125,19 @@ def test_the_frontier_reads_rl_at_0_2_from_the_prose_study_at_every_rung_it_has(
     assert frontier.study_point("2M", "rl_r0.2", 2) is None  # not yet measured: the frontier waits
     assert "rl" in frontier.LADDER["2M"] and "bpe-lm-neox" not in frontier.LADDER["2M"]
     sys.modules.pop("frontier", None)
+
+
+def test_extra_rates_extend_the_fixed_rate_rows_not_the_conditioned_models_scoring(monkeypatch):
+    """`--rates 0.05` asks for rl and uniform at a rate past RATES' edge (where the best rate sits at
+    equal compute); the conditioned model is still scored only inside the range it was trained on."""
+    import sys
+    monkeypatch.syspath_prepend(str(REPO / "results" / "rates"))
+    import frontier
+
+    runs = frontier.runs_of(["rl", "uniform", "cond"], [], "8M", rates=(0.05,))
+    assert set(runs) == {"rl_r0.05", "uniform_r0.05", "cond"}
+    assert runs["rl_r0.05"][2] == (0.05,) and "boundary.target_rate=0.05" in runs["rl_r0.05"][1]
+    assert runs["uniform_r0.05"][1] == ["boundary.target_rate=0.05"]
+    assert runs["cond"][2] == frontier.RATES
+    assert set(frontier.runs_of(["rl"], [], "8M")) == {f"rl_r{r:g}" for r in frontier.RATES}
+    sys.modules.pop("frontier", None)

@@ -50,9 +50,11 @@ run)  # the queue itself (start runs it in the background)
   echo "$(date -u +%FT%TZ) prose study and rate frontier (1 job each)"
   "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose.log" 2>&1 &
   # the frontier: first rl at each rate at 2 MB (an hour; the first point of "the best rate vs
-  # budget"), then every row at 8 MB, then rl at each rate at 32 MB (the budget trend's last point;
-  # rl at 0.2 there is the prose study's cell)
-  for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07" "--bytes 32M --rows rl"; do
+  # budget"), then every row at 8 MB, then rl at 0.05 at 2 and 8 MB (at equal compute the best rate
+  # was the lowest asked, 0.1: the trend needs a point past it), then rl at each rate at 32 MB (the
+  # budget trend's last point; rl at 0.2 there is the prose study's cell)
+  for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07" "--bytes 2M,8M --rows rl --rates 0.05" \
+              "--bytes 32M --rows rl --rates 0.05,0.1,0.15,0.2,0.3,0.4"; do
     # shellcheck disable=SC2086
     "$PY" results/rates/frontier.py $args --seeds 1,2,3 --out "$ROOT/runs/frontier" \
       --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 || true

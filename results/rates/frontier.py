@@ -25,6 +25,7 @@ FLOPs at the rate measured on the test split.
 
     python results/rates/frontier.py --bytes 8M --seeds 1,2,3 [--rows rl,uniform,cond,hinge,price] [--prices 0.05]
     python results/rates/frontier.py --bytes 2M,8M,32M --rows rl --seeds 1,2,3   # the best rate vs budget
+    python results/rates/frontier.py --bytes 2M,8M --rows rl --rates 0.05   # past the edge of RATES
 
 Resumable: a run with a summary is not trained again, a finished point is not measured again.
 Record: results/rates/frontier.json (one row per point: bytes, tag, seed, requested rate, rate,
@@ -59,10 +60,13 @@ OPTIONS = {"opt_warm_start": "boundary.warm_start_bytes={warm}", "opt_prescribed
 STUDY_TAG = {"rl_r0.2": "rl", "uniform_r0.2": "uniform", "bpe-lm": "bpe-lm"}  # read from the study's cells
 
 
-def runs_of(rows: list[str], prices: list[float], size: str = "8M") -> dict[str, tuple[str, list[str], tuple]]:
-    """tag -> (method, --set overrides, the rates the run is scored at; () for its own rate)."""
+def runs_of(rows: list[str], prices: list[float], size: str = "8M",
+            rates: tuple[float, ...] = RATES) -> dict[str, tuple[str, list[str], tuple]]:
+    """tag -> (method, --set overrides, the rates the run is scored at; () for its own rate).
+    ``rates``: the fixed-rate rl and uniform rows; the conditioned model is scored at RATES, its
+    trained range, whatever they are."""
     out: dict[str, tuple[str, list[str], tuple]] = {}
-    for r in RATES:
+    for r in rates:
         if "rl" in rows:
             out[f"rl_r{r:g}"] = ("rl", [*HOLD, f"boundary.target_rate={r:g}"], (r,))
         if "uniform" in rows:
@@ -159,12 +163,20 @@ def main() -> int:
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--rows", default="rl,uniform,cond,hinge,price,bpe-lm,options")
     ap.add_argument("--prices", default="", help="compute prices λ for the price rows")
+    ap.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES),
+                    help="target rates of the fixed-rate rl and uniform rows (default: %(default)s)")
     ap.add_argument("--out", default=str(ROOT / "runs" / "frontier"))
     ap.add_argument("--record", default=str(RECORD))
     ap.add_argument("--docs", type=int, default=None, help="score only the first N test documents (a smoke check)")
     args = ap.parse_args()
     rows = args.rows.split(",")
     prices = [float(p) for p in args.prices.split(",") if p]
+    try:
+        rates = tuple(float(r) for r in args.rates.split(",") if r)
+    except ValueError:
+        ap.error(f"--rates: not a comma-separated list of numbers: {args.rates!r}")
+    if not rates or not all(0 < r < 1 for r in rates):
+        ap.error(f"--rates: every rate must lie in (0, 1): {args.rates!r}")
     from rltok.checkpoint import write_json_atomic
 
     record = Path(args.record)
@@ -174,7 +186,7 @@ def main() -> int:
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
     for seed in (int(s) for s in args.seeds.split(",")):
         for size in args.bytes.split(","):
-            for tag, (method, sets, rates) in runs_of(rows, prices, size).items():
+            for tag, (method, sets, rates) in runs_of(rows, prices, size, rates).items():
                 todo = [r for r in (rates or (None,)) if (size, tag, seed, r) not in have]
                 if not todo:
                     continue
