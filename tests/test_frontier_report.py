@@ -141,3 +141,28 @@ def test_extra_rates_extend_the_fixed_rate_rows_not_the_conditioned_models_scori
     assert runs["cond"][2] == frontier.RATES
     assert set(frontier.runs_of(["rl"], [], "8M")) == {f"rl_r{r:g}" for r in frontier.RATES}
     sys.modules.pop("frontier", None)
+
+
+def test_every_seed_and_budget_gets_every_requested_rate(tmp_path, monkeypatch):
+    """main() walks seeds × budgets × rows: each seed and budget trains rl at every rate of
+    `--rates` (a loop variable once shadowed the parsed rates, so the second seed got only the rates
+    the first seed's last row was scored at). Training and measuring are stubbed: this is the plan."""
+    import sys
+    monkeypatch.syspath_prepend(str(REPO / "results" / "rates"))
+    import frontier
+
+    trained = []
+    monkeypatch.setattr(frontier, "train", lambda run, method, sets, size, seed: trained.append(run.name))
+    monkeypatch.setattr(frontier, "measure", lambda run, rate, docs=None: {
+        "requested_rate": rate, "rate": rate or 0.2, "bpb": 2.0, "flops_per_byte": 9e6})
+    monkeypatch.setattr(frontier, "STUDY_CELLS", tmp_path / "cells")  # none: the study's points wait
+    monkeypatch.setattr(sys, "argv", ["frontier.py", "--bytes", "2M,8M", "--rows", "rl,hinge", "--rates", "0.05,0.3",
+                                      "--seeds", "1,2", "--out", str(tmp_path / "runs"),
+                                      "--record", str(tmp_path / "frontier.json")])
+    assert frontier.main() == 0
+    want = [f"{tag}_s{seed}" for seed in (1, 2) for _ in ("2M", "8M") for tag in ("rl_r0.05", "rl_r0.3", "hinge")]
+    assert trained == want
+    rows = __import__("json").loads((tmp_path / "frontier.json").read_text())["rows"]
+    assert sorted({(r["bytes"], r["tag"], r["seed"]) for r in rows}) == sorted(
+        {(b, t, s) for s in (1, 2) for b in ("2M", "8M") for t in ("rl_r0.05", "rl_r0.3", "hinge")})
+    sys.modules.pop("frontier", None)

@@ -186,8 +186,8 @@ def main() -> int:
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
     for seed in (int(s) for s in args.seeds.split(",")):
         for size in args.bytes.split(","):
-            for tag, (method, sets, rates) in runs_of(rows, prices, size, rates).items():
-                todo = [r for r in (rates or (None,)) if (size, tag, seed, r) not in have]
+            for tag, (method, sets, scored_at) in runs_of(rows, prices, size, rates).items():
+                todo = [r for r in (scored_at or (None,)) if (size, tag, seed, r) not in have]
                 if not todo:
                     continue
                 if tag in STUDY_TAG and STUDY_TAG[tag] in LADDER.get(size, ()):
