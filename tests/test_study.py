@@ -399,3 +399,23 @@ def test_keep_run_files_commits_the_records_not_the_weights(study, tmp_path, mon
     assert sorted(p.name for p in kept.iterdir()) == [
         "config.json", "metrics.jsonl", "summary.json", "tokenizer.info.json"]
     assert (kept / "summary.json").read_text() == "summary.json"
+
+
+def test_readme_block_is_each_row_minus_rl_of_the_same_seed_from_the_records(study, tmp_path):
+    # 2 MB: uniform − rl = +0.02, +0.01, −0.01 per seed; 32 MB: +0.10, +0.12, +0.08 (hand-worked)
+    cells = []
+    for rung, gaps in (("2M", (0.02, 0.01, -0.01)), ("32M", (0.10, 0.12, 0.08))):
+        for s, gap in zip((1, 2, 3), gaps):
+            rl = 2.0 + 0.05 * s
+            cells += [{**_cell("rl", "rl", s, rl), "rung": rung}, {**_cell("uniform", "uniform", s, rl + gap), "rung": rung},
+                      {**_cell("bpe", "bpe", s, rl - 0.1, rate=0.25 + 0.01 * s), "rung": rung}]
+    block = study.readme_summary(cells)
+    assert block.splitlines()[0].startswith("| 32 MB, 3 seeds each |")  # the top rung
+    uniform = next(line for line in block.splitlines() if line.startswith("| uniform − rl |"))
+    assert "+0.100 ± 0.012" in uniform  # mean +0.10, SE 0.02/sqrt(3)
+    assert "| bpe (guidance, rate 0.270) − rl | −0.100 ± 0.000 |" in block  # its mean rate over seeds
+    assert "2 MB +0.007" in block and "32 MB +0.100" in block and "in 5 of 6 seed pairs" in block
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{study.README_START}\nold\n{study.README_END}\nafter\n")
+    assert study.write_readme_block(readme, block)
+    assert readme.read_text() == f"before\n{study.README_START}\n{block}\n{study.README_END}\nafter\n"

@@ -566,6 +566,8 @@ def readme_summary(summary: dict) -> str:
 
 def write_readme_block(readme: Path, block: str) -> bool:
     """Replace the text between README_START and README_END; False (nothing written) if either is missing."""
+    if not readme.is_file():
+        return False
     text = readme.read_text()
     i, j = text.find(README_START), text.find(README_END)
     if i < 0 or j < i:
