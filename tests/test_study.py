@@ -408,13 +408,16 @@ def test_readme_block_is_each_row_minus_rl_of_the_same_seed_from_the_records(stu
         for s, gap in zip((1, 2, 3), gaps):
             rl = 2.0 + 0.05 * s
             cells += [{**_cell("rl", "rl", s, rl), "rung": rung}, {**_cell("uniform", "uniform", s, rl + gap), "rung": rung},
-                      {**_cell("bpe", "bpe", s, rl - 0.1, rate=0.25 + 0.01 * s), "rung": rung}]
+                      {**_cell("bpe", "bpe", s, rl - 0.1, rate=0.25 + 0.01 * s, flops=10.165e6), "rung": rung}]
     block = study.readme_summary(cells)
     assert block.splitlines()[0].startswith("| 32 MB, 3 seeds each |")  # the top rung
     uniform = next(line for line in block.splitlines() if line.startswith("| uniform − rl |"))
     assert "+0.100 ± 0.012" in uniform  # mean +0.10, SE 0.02/sqrt(3)
     assert "| bpe (guidance, rate 0.270) − rl | −0.100 ± 0.000 |" in block  # its mean rate over seeds
     assert "2 MB +0.007" in block and "32 MB +0.100" in block and "in 5 of 6 seed pairs" in block
+    with_matched = study.readme_summary(cells, matched=True)
+    assert "| rate, FLOPs |" in with_matched  # uniform at r* and rl's FLOPs
+    assert "| not rate (0.270), not FLOPs (+7%) |" in with_matched  # bpe: off r* (late rate 0.2 < its 0.27), 7% more
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{study.README_START}\nold\n{study.README_END}\nafter\n")
     assert study.write_readme_block(readme, block)

@@ -1011,10 +1011,23 @@ README_ROWS = ("uniform", "nawrot", "hnet", "bpe", "bpe-lm")  # each against rl 
 README_SETS = {"test": "technical docs (test)", "c4": "C4 (out of domain)"}
 
 
-def readme_summary(cells: list[dict]) -> str:
+def _matched(s: dict) -> str:
+    """What a summary row matches of rl: the rate (where it has one) and training FLOPs per byte."""
+    out = []
+    if s.get("rate_matched") is not None:
+        out.append("rate" if s["rate_matched"] else f"not rate ({s['rate']:.3f})")
+    f = s["flops_vs_rl"] - 1
+    if s["flop_matched"]:
+        out.append("FLOPs" + (f" ({f:+.0%})" if abs(f) >= 0.005 else ""))
+    else:
+        out.append(f"not FLOPs ({f:+.0%})")
+    return ", ".join(out).replace("-", "−")
+
+
+def readme_summary(cells: list[dict], rows: tuple[str, ...] = README_ROWS, matched: bool = False) -> str:
     """The README's v2 table: each top-rung row minus rl of the same seed on the technical-docs
     test split and on C4 (paired t over seeds, at r* on the evaluation text where calibrated), and
-    uniform − rl in domain at every rung."""
+    uniform − rl in domain at every rung; with ``matched``, a column saying what each row matches."""
     by: dict = {}
     for c in cells:
         by.setdefault(c["rung"], {}).setdefault(c["tag"], {})[c["seed"]] = c
@@ -1026,19 +1039,24 @@ def readme_summary(cells: list[dict]) -> str:
         return paired_test([a[k][ev]["bpb"] for k in common], [b[k][ev]["bpb"] for k in common])
 
     seeds = len(by[top]["rl"])
-    lines = [f"| {top[:-1]} MB, {seeds} seeds each | " + " | ".join(f"{name} | p" for name in README_SETS.values()) + " |",
-             "|---|" + "---|---|" * len(README_SETS)]
-    for tag in [t for t in README_ROWS if t in by[top]]:
+    summary = summarize(cells)[top] if matched else {}
+    lines = [f"| {top[:-1]} MB, {seeds} seeds each | " + " | ".join(f"{name} | p" for name in README_SETS.values())
+             + (" | matched |" if matched else " |"),
+             "|---|" + "---|---|" * len(README_SETS) + ("---|" if matched else "")]
+    for tag in [t for t in rows if t in by[top]]:
         label = tag
         if tag == "bpe":
             rate = statistics.mean(c["rate"] for c in by[top][tag].values())
             label = f"bpe (guidance, rate {rate:.3f})"
         elif tag == "bpe-lm":
             label = "bpe-lm (BPE-token LM)"
+        elif tag == "bytes":
+            label = "bytes (flat byte LM)"
         row = []
         for ev in README_SETS:
             t = test(top, tag, ev)
             row += [f"{t['mean']:+.3f} ± {t['se']:.3f}".replace("-", "−"), f"{t['p']:.2g}"]
+        row += [_matched(summary[tag])] if matched else []
         lines.append(f"| {label} − rl | " + " | ".join(row) + " |")
     ladder = []
     positive = total = 0
@@ -1103,6 +1121,8 @@ def cmd_report(args) -> int:
     # the README of the checkout these results belong to (OUT is its results/study)
     readme = (" and README.md's summary"
               if write_readme_block(OUT.parent.parent / "README.md", readme_summary(cells_at_rate)) else "")
+    readme += (" and docs/results.md's" if write_readme_block(
+        OUT.parent.parent / "docs" / "results.md", readme_summary(cells_at_rate, README_ROWS + ("bytes",), True)) else "")
     print(f"wrote {OUT}/results.json, tables.md, boundaries.md, ladder.png, chunks.png{readme} ({len(cells)} cells)")
     return 0
 
