@@ -128,3 +128,22 @@ def test_readme_block_is_the_largest_rung_with_every_planned_seed(sp, tmp_path):
     bare.write_text("no markers\n")
     assert not sp.write_readme_block(bare, block) and bare.read_text() == "no markers\n"
     assert sp.readme_summary(sp.summarize(cells[27:])) == "The prose study has no complete rung yet."
+
+
+def test_an_incomplete_comparison_is_pending_and_an_old_missed_rate_is_marked(sp):
+    # 8 MB plans five seeds for rl and uniform: with three in, p < 0.05 is not yet a claim
+    cells = [{**_cell("uniform", s, 2.0 + 0.01 * s), "rung": "8M"} for s in (1, 2, 3)]
+    cells += [{**_cell("rl", s, 2.0 + 0.01 * s - d), "rung": "8M"} for s, d in zip((1, 2, 3), (0.05, 0.06, 0.04))]
+    # rl seed 2 measured before score_at_rate: calibrated, no rate_match, 0.007 off r* on C4
+    cells[4]["c4"] = {**cells[4]["c4"], "rate": 0.193, "calibrated": {"value": 1.0}}
+    cells[5]["c4"] = {**cells[5]["c4"], "rate": 0.197, "calibrated": {"value": 1.0}}  # within 0.005
+    summ = sp.summarize(cells)
+    test = next(t for t in summ["8M"]["comparisons"] if (t["method"], t["reference"], t["set"]) == ("rl", "uniform", "test"))
+    assert test["resolved"] and not test["complete"]
+    assert "| rl − uniform | test | 3 |" in sp.tables(summ) and "pending (3 of 5 seeds) |" in sp.tables(summ)
+    assert summ["8M"]["rows"]["rl"]["c4"]["missed_seeds"] == [2]
+    row = next(line for line in sp.tables(summ).splitlines() if line.startswith("| rl | 3 |"))
+    assert row.count("ᵐ") == 1  # on C4 only
+    full = [{**c, "rung": "2M"} for c in cells]  # 2 MB plans three: the same test is a claim
+    t2 = next(t for t in sp.summarize(full)["2M"]["comparisons"] if t["set"] == "test")
+    assert t2["complete"] and "pending (" not in sp.tables(sp.summarize(full))

@@ -460,6 +460,12 @@ def summarize(cells: list[dict]) -> dict:
                          # before it existed were calibrated on the held-out slice only
                          "rate_match": sorted({c[ev].get("rate_match", {}).get("how", "calibrated")
                                                for c in cs.values() if ev in c and c[ev].get("calibrated")})}
+                # seeds whose calibrated rate missed its target by more than MATCH_TOL and were read
+                # as calibrated: cells measured before score_at_rate existed (no rate_match)
+                target = _set_target(tags, tag, ev)
+                s[ev]["missed_seeds"] = sorted(k for k, c in cs.items() if ev in c and c[ev].get("calibrated")
+                                               and "rate_match" not in c[ev] and target is not None
+                                               and abs(c[ev]["rate"] - target) > MATCH_TOL)
                 f = [c[ev]["flops_per_byte"] for c in cs.values() if "flops_per_byte" in c.get(ev, {})]
                 s[ev]["flops_per_byte"] = float(np.mean(f)) if f else None
             for k in ("flops_per_byte_train", "train_rate_late", "train_seconds", "params"):
@@ -477,10 +483,22 @@ def summarize(cells: list[dict]) -> dict:
                 pb = [tags[b][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 t = v2.paired_test(pa, pb)
                 t.update(method=a, reference=b, set=ev, seeds=common,
-                         resolved=t["p"] is not None and t["p"] < 0.05)
+                         resolved=t["p"] is not None and t["p"] < 0.05,
+                         # every planned seed of both rows is in: only then is "resolved" a claim
+                         complete=set(seeds(rung, a)) <= set(tags[a]) and set(seeds(rung, b)) <= set(tags[b]))
                 tests.append(t)
         out[rung] = {"rows": rows, "comparisons": tests}
     return out
+
+
+def _set_target(tags: dict, tag: str, ev: str) -> float | None:
+    """The rate a cell of ``tag`` is matched to on set ``ev``: its partner's seed-1 rate there for
+    a rate partner (None until that cell exists), r* otherwise."""
+    other = PARTNER_OF.get(tag)
+    if other is None:
+        return v2.TARGET_RATE
+    c = tags.get(other, {}).get(1, {}).get(ev)
+    return None if c is None or c.get("rate") is None else float(c["rate"])
 
 
 def _fmt(x, nd=4) -> str:
@@ -488,9 +506,19 @@ def _fmt(x, nd=4) -> str:
 
 
 def _matched(entry: dict) -> str:
-    """A mark for a rate read from more than one scoring: ⁱ interpolated, ᵉ extrapolated."""
+    """A mark for a rate read from more than one scoring (ⁱ interpolated, ᵉ extrapolated), or one
+    that missed its target and was read as calibrated (ᵐ)."""
     how = entry.get("rate_match") or []
-    return ("ⁱ" if "interpolated" in how else "") + ("ᵉ" if "extrapolated" in how else "")
+    return (("ⁱ" if "interpolated" in how else "") + ("ᵉ" if "extrapolated" in how else "")
+            + ("ᵐ" if entry.get("missed_seeds") else ""))
+
+
+def _verdict(t: dict, rung: str) -> str:
+    """yes / no once both rows have every planned seed; until then, pending with the seeds in."""
+    if t.get("complete", True):
+        return "yes" if t["resolved"] else "no"
+    planned = max(len(seeds(rung, t["method"])), len(seeds(rung, t["reference"])))
+    return f"pending ({t['n']} of {planned} seeds)"
 
 
 def tables(summary: dict) -> str:
@@ -511,13 +539,15 @@ def tables(summary: dict) -> str:
             ci = f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]" if t["ci95"] else "—"
             p = "—" if t["p"] is None else f"{t['p']:.3g}"
             lines.append(f"| {t['method']} − {t['reference']} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
-                         f"| {ci} | {p} | {'yes' if t['resolved'] else 'no'} |")
+                         f"| {ci} | {p} | {_verdict(t, rung)} |")
         lines.append("")
     lines.append("bpb: mean over seeds ± SE over seeds; rate: mean boundaries per byte on that set (routers with a "
                  "knob calibrated to r* = 0.2 on a held-out slice of the set's domain first; ⁱ: for at least one "
                  "seed the calibrated rate missed by more than 0.005 and the set was read at the target between "
-                 "two scorings, ᵉ: the same from two points on one side). rl-bpe-rate is matched to bpe's rate "
-                 "on each set instead. A comparison is resolved only at p < 0.05.")
+                 "two scorings, ᵉ: the same from two points on one side; ᵐ: for at least one seed, measured "
+                 "before that reading existed, the calibrated rate missed by more than 0.005 and was read as "
+                 "it stands). rl-bpe-rate is matched to bpe's rate on each set instead. A comparison is "
+                 "resolved only at p < 0.05, and is pending until both rows have every planned seed.")
     return "\n".join(lines)
 
 
