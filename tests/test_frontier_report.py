@@ -20,7 +20,8 @@ def fr():
 
 def _row(size, tag, rate, seed, bpb):
     return {"bytes": size, "tag": tag, "requested_rate": rate, "seed": seed, "bpb": bpb, "rate": rate or 0.2,
-            "flops_per_byte": 1e7 * (1 + (rate or 0.2)), "whitespace_recall": 0.9, "boundary_enrichment": 2.0}
+            "flops_per_byte": 1e7 * (1 + (rate or 0.2)), "flops_per_byte_train": 1e7 * (1 + (rate or 0.2)),
+            "whitespace_recall": 0.9, "boundary_enrichment": 2.0}
 
 
 def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
@@ -122,6 +123,7 @@ def test_the_frontier_reads_rl_at_0_2_from_the_prose_study_at_every_rung_it_has(
     p = frontier.study_point("2M", "rl_r0.2", 1)
     assert p["requested_rate"] == 0.2 and p["bpb"] == 3.0 and p["rate_match"] == "calibrated"
     assert p["flops_per_byte"] == 9.5e6 and p["from"] == "prose study cells/2M/rl_s1.json"
+    assert p["flops_per_byte_train"] == 9e6  # what it cost to train, beside the cost at the test rate
     assert frontier.study_point("2M", "rl_r0.2", 2) is None  # not yet measured: the frontier waits
     assert "rl" in frontier.LADDER["2M"] and "bpe-lm-neox" not in frontier.LADDER["2M"]
     sys.modules.pop("frontier", None)
@@ -154,7 +156,7 @@ def test_every_seed_and_budget_gets_every_requested_rate(tmp_path, monkeypatch):
     trained = []
     monkeypatch.setattr(frontier, "train", lambda run, method, sets, size, seed: trained.append(run.name))
     monkeypatch.setattr(frontier, "measure", lambda run, rate, docs=None: {
-        "requested_rate": rate, "rate": rate or 0.2, "bpb": 2.0, "flops_per_byte": 9e6})
+        "requested_rate": rate, "rate": rate or 0.2, "bpb": 2.0, "flops_per_byte": 9e6, "flops_per_byte_train": 9e6})
     monkeypatch.setattr(frontier, "STUDY_CELLS", tmp_path / "cells")  # none: the study's points wait
     monkeypatch.setattr(sys, "argv", ["frontier.py", "--bytes", "2M,8M", "--rows", "rl,hinge", "--rates", "0.05,0.3",
                                       "--seeds", "1,2", "--out", str(tmp_path / "runs"),
@@ -165,4 +167,56 @@ def test_every_seed_and_budget_gets_every_requested_rate(tmp_path, monkeypatch):
     rows = __import__("json").loads((tmp_path / "frontier.json").read_text())["rows"]
     assert sorted({(r["bytes"], r["tag"], r["seed"]) for r in rows}) == sorted(
         {(b, t, s) for s in (1, 2) for b in ("2M", "8M") for t in ("rl_r0.05", "rl_r0.3", "hinge")})
+    sys.modules.pop("frontier", None)
+
+
+def test_the_best_rate_is_picked_from_the_seeds_every_rate_has(fr):
+    # 0.4 has seed 1 only, where it is worse than 0.3 (2.90 vs 2.89); seed 2 of 0.3 is high (2.96), so
+    # over their own seeds 0.4 (2.900) would rank ahead of 0.3 (2.925): ranked over seed 1, 0.3 leads
+    rows = [_row("8M", "rl_r0.3", 0.3, 1, 2.89), _row("8M", "rl_r0.3", 0.3, 2, 2.96), _row("8M", "rl_r0.4", 0.4, 1, 2.90)]
+    text, summary = fr.tables({"rows": rows})
+    assert summary["8M:best_rl_rate"] == 0.3
+    assert "Best rl rate at 8M: 0.3 (2.9250 ± 0.0350 bits/byte; picked by the means over seed 1, which every rate has)" in text
+    rows = [_row("8M", "rl_r0.3", 0.3, 2, 2.96), _row("8M", "rl_r0.4", 0.4, 1, 2.90)]  # no shared seed
+    text, summary = fr.tables({"rows": rows})
+    assert summary["8M:best_rl_rate"] is None and "no seed has every rate" in text
+
+
+def test_the_frontier_is_drawn_at_training_flops_and_old_rows_are_filled_in_from_their_runs(fr, tmp_path, monkeypatch):
+    """A conditioned model costs one training budget whatever rate it is scored at: its points share
+    their training FLOPs per byte (the table's column and the compute axis), and the FLOPs at the
+    test rate stand beside them. Rows recorded before the field existed are filled in at start."""
+    import json
+    import sys
+    rows = [{**_row("8M", "cond", r, 1, 2.3), "flops_per_byte": 1e7 * r, "flops_per_byte_train": 1.01e7}
+            for r in (0.1, 0.4)]
+    text, _ = fr.tables({"rows": rows})
+    assert "| cond | 0.1 | 1 | 2.3000 | 0.100 | 10.10M | 1.00M |" in text
+    assert "| cond | 0.4 | 1 | 2.3000 | 0.400 | 10.10M | 4.00M |" in text
+    assert fr.total_flops(rows[1]) == pytest.approx(8e6 * 1.01e7)
+    monkeypatch.syspath_prepend(str(REPO / "results" / "rates"))
+    import frontier
+
+    cells = tmp_path / "cells" / "8M"
+    cells.mkdir(parents=True)
+    (cells / "rl_s1.json").write_text(json.dumps({"flops_per_byte_train": 9.5e6, "train_rate": 0.201}))
+    (tmp_path / "runs" / "8M" / "cond_s1").mkdir(parents=True)
+    (tmp_path / "runs" / "8M" / "cond_s1" / "summary.json").write_text("{}")
+    monkeypatch.setattr(frontier, "STUDY_CELLS", tmp_path / "cells")
+    loads = []
+    monkeypatch.setattr(frontier, "train_compute", lambda run, model=None: loads.append(run.name) or
+                        {"flops_per_byte_train": 1.01e7, "train_rate": 0.25})
+    old = [{"bytes": "8M", "tag": "cond", "seed": 1, "requested_rate": r, "flops_per_byte": 1e7 * r} for r in (0.1, 0.4)]
+    old += [{"bytes": "8M", "tag": "rl_r0.2", "seed": 1, "requested_rate": 0.2, "from": "prose study cells/8M/rl_s1.json"},
+            {"bytes": "8M", "tag": "hinge", "seed": 2, "requested_rate": None}]  # its run is gone
+    rec = {"rows": old}
+    assert frontier.backfill_train_compute(rec, tmp_path / "runs") == ["8M hinge s2"]
+    assert loads == ["cond_s1"]  # one run, read once for both of its points
+    assert [r.get("flops_per_byte_train") for r in rec["rows"]] == [1.01e7, 1.01e7, 9.5e6, None]
+    assert rec["rows"][2]["train_rate"] == 0.201
+    record = tmp_path / "f.json"
+    record.write_text(json.dumps(rec))
+    monkeypatch.setattr(sys, "argv", ["frontier_report.py", "--record", str(record), "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="rows without flops_per_byte_train .8M hinge s2."):
+        fr.main()
     sys.modules.pop("frontier", None)

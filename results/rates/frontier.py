@@ -21,7 +21,9 @@ Measurement, as the study's `test` set: every byte of every document of the pros
 on the prose validation split (BOS + first 512 bytes of 128 documents) and, if the test split then
 misses by more than 0.005, read at the rate between two scorings (rltok.evaluate.score_at_rate);
 a priced or hinge run is scored as it stands (its rate is the result). FLOPs per byte: training
-FLOPs at the rate measured on the test split.
+FLOPs at the rate the run trained at (`flops_per_byte_train`, its mean rate over training: the
+compute it cost; one value for the conditioned model at every rate it is scored at), and at the rate
+measured on the test split (`flops_per_byte`: what a forward pass at that rate costs per byte).
 
     python results/rates/frontier.py --bytes 8M --seeds 1,2,3 [--rows rl,uniform,cond,hinge,price] [--prices 0.05]
     python results/rates/frontier.py --bytes 2M,8M,32M --rows rl --seeds 1,2,3   # the best rate vs budget
@@ -29,7 +31,9 @@ FLOPs at the rate measured on the test split.
 
 Resumable: a run with a summary is not trained again, a finished point is not measured again.
 Record: results/rates/frontier.json (one row per point: bytes, tag, seed, requested rate, rate,
-bpb, bpb SE, FLOPs per byte, whitespace recall, how the rate was matched)."""
+bpb, bpb SE, FLOPs per byte in training and at the test rate, whitespace recall, how the rate was
+matched). Rows recorded before `flops_per_byte_train` existed get it from their run (or the study's
+cell) the next time this script starts."""
 
 from __future__ import annotations
 
@@ -132,10 +136,45 @@ def measure(run: Path, rate: float | None, docs: int | None = None) -> dict:
                whitespace_recall=res.whitespace_recall, word_start_recall=res.word_start_recall,
                boundary_enrichment=res.boundary_enrichment, per_doc_bpb=res.per_doc_bpb)
     row["flops_per_byte"] = training_flops_per_byte(model, cfg, res.rate).per_byte  # tokens per byte for bpe-lm
+    row.update(train_compute(run, model))
     summary = json.loads((run / "summary.json").read_text())
     row.update(train_seconds=summary.get("train_seconds"), dtype=summary.get("dtype"),
                val_rate_end_of_training=summary.get("val_rate"))
     return row
+
+
+def train_compute(run: Path, model=None) -> dict:
+    """What ``run`` cost to train: FLOPs per byte at its mean training rate, and that rate."""
+    from rltok.compare import training_record
+
+    if model is None:
+        import rltok
+        model = rltok.load(run)
+    t = training_record(run, model)
+    return {"flops_per_byte_train": t["flops_per_byte"], "train_rate": t["train_rate"]}
+
+
+def backfill_train_compute(rec: dict, out: Path) -> list[str]:
+    """Give rows recorded before ``flops_per_byte_train`` existed their training compute, from the
+    study's cell or from the run; the rows whose source is gone are returned, left as they are."""
+    missing, cache = [], {}
+    for r in rec["rows"]:
+        if "flops_per_byte_train" in r:
+            continue
+        key = (r["bytes"], r["tag"], r["seed"])
+        if key not in cache:
+            if r.get("from", "").startswith("prose study "):
+                cell = STUDY_CELLS / r["bytes"] / f"{STUDY_TAG[r['tag']]}_s{r['seed']}.json"
+                c = json.loads(cell.read_text()) if cell.is_file() else None
+                cache[key] = c and {"flops_per_byte_train": c["flops_per_byte_train"], "train_rate": c.get("train_rate")}
+            else:
+                run = out / r["bytes"] / f"{r['tag']}_s{r['seed']}"
+                cache[key] = train_compute(run) if (run / "summary.json").is_file() else None
+        if cache[key] is None:
+            missing.append(f"{r['bytes']} {r['tag']} s{r['seed']}")
+        else:
+            r.update(cache[key])
+    return missing
 
 
 def study_point(size: str, tag: str, seed: int) -> dict | None:
@@ -151,6 +190,7 @@ def study_point(size: str, tag: str, seed: int) -> dict | None:
             "whitespace_recall": t.get("whitespace_recall"), "word_start_recall": t.get("word_start_recall"),
             "boundary_enrichment": t.get("boundary_enrichment"), "per_doc_bpb": t.get("per_doc_bpb"),
             "flops_per_byte": t.get("flops_per_byte", c["flops_per_byte_train"]),
+            "flops_per_byte_train": c["flops_per_byte_train"], "train_rate": c.get("train_rate"),
             # cells measured before score_at_rate existed have no rate_match: calibrated, or exact
             "rate_match": (t.get("rate_match") or {}).get("how", "calibrated" if t.get("calibrated") else "exact"),
             # named from the study's results folder: a frozen worktree's ROOT does not hold it
@@ -184,6 +224,11 @@ def main() -> int:
         ap.error("--docs (a smoke check) needs --record elsewhere: its partial points would count as finished")
     rec = json.loads(record.read_text()) if record.is_file() else {"preset": "tiny", "data": "prose", "rows": []}
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
+    if any("flops_per_byte_train" not in r for r in rec["rows"]):
+        missing = backfill_train_compute(rec, Path(args.out))
+        if missing:
+            print(f"no run to read the training FLOPs of: {', '.join(sorted(set(missing)))}", flush=True)
+        write_json_atomic(record, rec)
     for seed in (int(s) for s in args.seeds.split(",")):
         for size in args.bytes.split(","):
             for tag, (method, sets, scored_at) in runs_of(rows, prices, size, rates).items():
@@ -206,7 +251,8 @@ def main() -> int:
                     have.add((size, tag, seed, p["requested_rate"]))
                     write_json_atomic(record, rec)
                     print(f"{size} {tag} s{seed} at {p['requested_rate']}: rate {p['rate']:.3f} bpb {p['bpb']:.4f} "
-                          f"FLOPs/byte {p['flops_per_byte'] / 1e6:.2f}M", flush=True)
+                          f"FLOPs/byte {p['flops_per_byte_train'] / 1e6:.2f}M in training, "
+                          f"{p['flops_per_byte'] / 1e6:.2f}M at that rate", flush=True)
     return 0
 
 

@@ -2,8 +2,8 @@
 
     python results/rates/frontier_report.py [--record results/rates/frontier.json] [--out results/rates]
 
-Writes frontier_tables.md (per budget: each point's bits/byte, rate and training FLOPs per byte,
-mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
+Writes frontier_tables.md (per budget: each point's bits/byte, rate, training FLOPs per byte (at
+the rate it trained at: what it cost) and FLOPs per byte at its test rate, mean ± SE over seeds; the five options against rl at 0.2, paired over seeds; the best rl rate per
 budget and every other rl rate paired against it, with the rates that stay unresolved from it
 (Holm-adjusted: the best is picked from the same means); the same at equal training compute, once
 rl's rates span two budgets) and frontier.png (bits/byte
@@ -82,14 +82,19 @@ def holm(ps: dict) -> dict:
 
 
 def against_best(by_rate: dict) -> tuple:
-    """rate -> {seed: row with bpb}: the rate with the lowest mean over seeds, every rate's mean ± SE,
-    each other rate paired against the best over seeds (in rate order, each test with ``p_holm``),
-    and the rates that test cannot tell from the best (Holm-adjusted p >= 0.05, or no p).
+    """rate -> {seed: row with bpb}: the rate with the lowest mean over the seeds every rate has
+    (None if there is none: means over different seeds would rank seeds, not rates), every rate's
+    mean ± SE over its own seeds, each other rate paired against the best over seeds (in rate
+    order, each test with ``p_holm``), and the rates that test cannot tell from the best
+    (Holm-adjusted p >= 0.05, or no p).
     Why Holm: the best is picked from the same means it is then tested with, and it is tested
     against every other rate at once; unadjusted, three seeds and four rates call a difference
     resolved far more often than one time in twenty when all rates are equal."""
     mean = {r: mean_se([x["bpb"] for x in seeds.values()]) for r, seeds in by_rate.items()}
-    best = min(mean, key=lambda r: mean[r][0])
+    shared = set.intersection(*(set(seeds) for seeds in by_rate.values()))
+    if not shared:
+        return None, mean, {}, []
+    best = min(by_rate, key=lambda r: mean_se([by_rate[r][s]["bpb"] for s in shared])[0])
     tests = {r: paired(by_rate[r], by_rate[best]) for r in sorted(by_rate) if r != best}
     for r, p in holm({r: t.get("p") for r, t in tests.items()}).items():
         tests[r]["p_holm"] = p
@@ -106,18 +111,20 @@ def tables(rec: dict) -> tuple[str, dict]:
     lines, summary = [], {}
     for size in sorted({k[0] for k in pts}, key=lambda s: float(s[:-1])):
         lines += [f"### {size} bytes per run", "",
-                  "| row | requested rate | seeds | test bpb | rate on test | train FLOPs/byte at that rate | whitespace recall | enrichment |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| row | requested rate | seeds | test bpb | rate on test | train FLOPs/byte | FLOPs/byte at the test rate "
+                  "| whitespace recall | enrichment |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         keys = sorted((k for k in pts if k[0] == size), key=lambda k: (k[1].split("_")[0], k[2] or 0, k[1]))
         for k in keys:
             seeds = pts[k]
             cell = {f: mean_se([r.get(f) for r in seeds.values()]) for f in
-                    ("bpb", "rate", "flops_per_byte", "whitespace_recall", "boundary_enrichment")}
+                    ("bpb", "rate", "flops_per_byte_train", "flops_per_byte", "whitespace_recall",
+                     "boundary_enrichment")}
             summary[f"{size}:{k[1]}:{k[2]}"] = {f: {"mean": m, "se": s} for f, (m, s) in cell.items()} | {
                 "seeds": sorted(seeds)}
-            fl = cell["flops_per_byte"]
             lines.append(f"| {k[1]} | {'' if k[2] is None else k[2]} | {len(seeds)} | {_fmt(*cell['bpb'])} | "
-                         f"{_fmt(*cell['rate'], 3)} | {fl[0] / 1e6:.2f}M | {_fmt(*cell['whitespace_recall'], 3)} | "
+                         f"{_fmt(*cell['rate'], 3)} | {cell['flops_per_byte_train'][0] / 1e6:.2f}M | "
+                         f"{cell['flops_per_byte'][0] / 1e6:.2f}M | {_fmt(*cell['whitespace_recall'], 3)} | "
                          f"{_fmt(*cell['boundary_enrichment'], 2)} |")
         base = pts.get((size, "rl_r0.2", 0.2))
         opts = [k for k in keys if k[1].startswith("opt_")]
@@ -129,13 +136,22 @@ def tables(rec: dict) -> tuple[str, dict]:
                 summary[f"{size}:{k[1]}:vs_rl"] = t
                 lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} |")
         rl = {k[2]: pts[k] for k in keys if family(k[1]) == "rl"}
+        best = None
+        if len(rl) > 1:
+            best, mean, tests, tied = against_best(rl)
         if len(rl) == 1:
             (only,) = rl
             summary[f"{size}:best_rl_rate"] = None
             lines += ["", f"Best rl rate at {size}: not yet asked (only rate {only} measured)."]
+        elif rl and best is None:
+            summary[f"{size}:best_rl_rate"] = None
+            lines += ["", f"Best rl rate at {size}: not yet asked (no seed has every rate)."]
         elif rl:
-            best, mean, tests, tied = against_best(rl)
-            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*mean[best])} bits/byte). Each other rate against it "
+            shared = sorted(set.intersection(*(set(v) for v in rl.values())))
+            picked = ("" if all(sorted(v) == shared for v in rl.values()) else
+                      f"; picked by the means over seed{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}, "
+                      "which every rate has")
+            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*mean[best])} bits/byte{picked}). Each other rate against it "
                       f"(paired over seeds, two-sided t; {HOLM}):", "",
                       "| rate | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
             for r, t in tests.items():
@@ -150,10 +166,10 @@ def tables(rec: dict) -> tuple[str, dict]:
 
 
 def total_flops(row: dict) -> float:
-    """A point's training compute: its training bytes times its FLOPs per byte (at the rate on test)."""
+    """A point's training compute: its training bytes times its training FLOPs per byte."""
     from rltok.cli import parse_size
 
-    return parse_size(row["bytes"]) * row["flops_per_byte"]
+    return parse_size(row["bytes"]) * row["flops_per_byte_train"]
 
 
 def rl_curves(rec: dict) -> dict:
@@ -195,6 +211,8 @@ def equal_compute(rec: dict) -> tuple[list[str], dict]:
     for x in sorted({lo, (lo + hi) / 2, hi}):
         at = {r: {s: {"bpb": interp(c, x)} for s, c in seeds.items()} for r, seeds in curves.items()}
         best, mean, tests, tied = against_best(at)
+        if best is None:
+            continue
         lines += [f"At {math.exp(x):.3g} training FLOPs: best rate {best} ({_fmt(*mean[best])} bits/byte)", "",
                   "| rate | seeds | bpb | Δ vs best | SE | p | p (Holm) |", "|---|---|---|---|---|---|---|"]
         for r in sorted(at):
@@ -238,7 +256,7 @@ def plot(rec: dict, dest: Path) -> None:
         for k, seeds in pts.items():
             if k[0] != size:
                 continue
-            x = mean_se([r["flops_per_byte"] / 1e6 for r in seeds.values()])
+            x = mean_se([r["flops_per_byte_train"] / 1e6 for r in seeds.values()])
             y = mean_se([r["bpb"] for r in seeds.values()])
             series[family(k[1])].append((x, y, k[2], len(seeds)))
         for name, ps in sorted(series.items()):
@@ -251,7 +269,7 @@ def plot(rec: dict, dest: Path) -> None:
                 for p in ps:
                     ax.annotate(f"{p[2]:g}", (p[0][0], p[1][0]), fontsize=7, xytext=(3, 3), textcoords="offset points")
         ax.set_title(f"{size} training bytes (mean ± SE over seeds; labels: rate)")
-        ax.set_xlabel("training FLOPs per byte (millions, at the rate on test)")
+        ax.set_xlabel("training FLOPs per byte (millions; cond: one model, one cost)")
         ax.set_ylabel("prose test bits/byte (whole documents)")
         ax.grid(alpha=0.3)
         # absolute values on the axes, and at least 0.05 bits/byte of height, so that two nearly
@@ -272,6 +290,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE))
     args = ap.parse_args()
     rec = json.loads(Path(args.record).read_text())
+    old = sorted({f"{r['bytes']} {r['tag']} s{r['seed']}" for r in rec["rows"] if "flops_per_byte_train" not in r})
+    if old:
+        sys.exit(f"{args.record}: rows without flops_per_byte_train ({', '.join(old)}): run "
+                 "results/rates/frontier.py once to fill them in from their runs")
     text, summary = tables(rec)
     out = Path(args.out)
     (out / "frontier_tables.md").write_text("# Rate–compute frontier (generated by results/rates/frontier_report.py)\n\n"
