@@ -219,4 +219,19 @@ def test_the_frontier_is_drawn_at_training_flops_and_old_rows_are_filled_in_from
     monkeypatch.setattr(sys, "argv", ["frontier_report.py", "--record", str(record), "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="rows without flops_per_byte_train .8M hinge s2."):
         fr.main()
+    # a fixed-rate row whose run is gone: its kept records first, else its settings at its rate
+    kept = tmp_path / "kept" / "2M" / "rl_r0.3_s1"
+    kept.mkdir(parents=True)
+    (kept / "summary.json").write_text("{}")
+    rows = [{"bytes": "2M", "tag": t, "seed": 1, "requested_rate": r, "method": m, "overrides": o}
+            for t, r, m, o in (("rl_r0.3", 0.3, "rl", []), ("uniform_r0.1", 0.1, "uniform", ["boundary.target_rate=0.1"]))]
+    loads.clear()
+    assert frontier.backfill_train_compute({"rows": rows}, tmp_path / "runs", tmp_path / "kept") == []
+    assert loads == ["rl_r0.3_s1"] and "train_compute_from" not in rows[0]
+    from rltok.config import build_config
+    from rltok.flops import training_flops_per_byte
+    from rltok.run import build_model
+    cfg = build_config("uniform", "tiny", overrides={"boundary.target_rate": "0.1"})
+    assert rows[1]["flops_per_byte_train"] == pytest.approx(training_flops_per_byte(build_model(cfg), cfg, 0.1).per_byte)
+    assert "records are gone" in rows[1]["train_compute_from"]
     sys.modules.pop("frontier", None)

@@ -30,7 +30,8 @@ measured on the test split (`flops_per_byte`: what a forward pass at that rate c
     python results/rates/frontier.py --bytes 2M,8M --rows rl --rates 0.05   # past the edge of RATES
 
 Resumable: a run with a summary is not trained again, a finished point is not measured again.
-Record: results/rates/frontier.json (one row per point: bytes, tag, seed, requested rate, rate,
+Records: results/rates/frontier_runs/BYTES/TAG_sSEED (each trained run's config, summary and
+metrics, no weights); results/rates/frontier.json (one row per point: bytes, tag, seed, requested rate, rate,
 bpb, bpb SE, FLOPs per byte in training and at the test rate, whitespace recall, how the rate was
 matched). Rows recorded before `flops_per_byte_train` existed get it from their run (or the study's
 cell) the next time this script starts."""
@@ -144,19 +145,58 @@ def measure(run: Path, rate: float | None, docs: int | None = None) -> dict:
 
 
 def train_compute(run: Path, model=None) -> dict:
-    """What ``run`` cost to train: FLOPs per byte at its mean training rate, and that rate."""
+    """What ``run`` cost to train: FLOPs per byte at its mean training rate, and that rate. ``run``
+    may be a kept record (config, summary, metrics; no weights): the FLOPs need only the shapes."""
     from rltok.compare import training_record
+    from rltok.run import build_model, read_config
 
     if model is None:
-        import rltok
-        model = rltok.load(run)
+        cfg = read_config(run)
+        model = build_model(cfg, run)
+        model.run_config = cfg
     t = training_record(run, model)
     return {"flops_per_byte_train": t["flops_per_byte"], "train_rate": t["train_rate"]}
 
 
-def backfill_train_compute(rec: dict, out: Path) -> list[str]:
+def keep_records(run: Path, dest: Path) -> None:
+    """Copy a run's JSON records (config, summary, metrics; never weights) to ``dest``: the
+    training rate and compute of a point outlive the run directory."""
+    import shutil
+
+    from rltok.run import CONFIG, METRICS, SUMMARY
+
+    if not (run / SUMMARY).is_file():
+        return
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in (CONFIG, SUMMARY, METRICS):
+        if (run / f).is_file():
+            shutil.copy2(run / f, dest / f)
+
+
+def estimated_train_compute(row: dict) -> dict | None:
+    """For a fixed-rate rl or uniform row whose run and records are gone: the FLOPs per byte of its
+    settings at its requested rate (uniform trains at exactly that rate; rl's controller holds it
+    to within about 0.5% over training, e.g. 8 MB rl seed 1 of the prose study: 0.2009 at 0.2)."""
+    from rltok.config import build_config
+    from rltok.flops import training_flops_per_byte
+    from rltok.run import build_model
+
+    if row.get("requested_rate") is None or family_of(row["tag"]) not in ("rl", "uniform"):
+        return None
+    cfg = build_config(row["method"], "tiny", overrides=dict(s.split("=", 1) for s in row["overrides"]))
+    f = training_flops_per_byte(build_model(cfg), cfg, row["requested_rate"]).per_byte
+    return {"flops_per_byte_train": f, "train_rate": None,
+            "train_compute_from": "its settings at the requested rate (the run's records are gone)"}
+
+
+def family_of(tag: str) -> str:
+    return tag.split("_r")[0] if tag.startswith(("rl_r", "uniform_r")) else tag
+
+
+def backfill_train_compute(rec: dict, out: Path, kept: Path | None = None) -> list[str]:
     """Give rows recorded before ``flops_per_byte_train`` existed their training compute, from the
-    study's cell or from the run; the rows whose source is gone are returned, left as they are."""
+    study's cell, the run, its kept records, or (fixed-rate rows) an estimate from its settings;
+    the rows with none of these are returned, left as they are."""
     missing, cache = [], {}
     for r in rec["rows"]:
         if "flops_per_byte_train" in r:
@@ -168,8 +208,10 @@ def backfill_train_compute(rec: dict, out: Path) -> list[str]:
                 c = json.loads(cell.read_text()) if cell.is_file() else None
                 cache[key] = c and {"flops_per_byte_train": c["flops_per_byte_train"], "train_rate": c.get("train_rate")}
             else:
-                run = out / r["bytes"] / f"{r['tag']}_s{r['seed']}"
-                cache[key] = train_compute(run) if (run / "summary.json").is_file() else None
+                name = f"{r['tag']}_s{r['seed']}"
+                runs = [d for d in (out / r["bytes"] / name, kept and kept / r["bytes"] / name)
+                        if d and (d / "summary.json").is_file()]
+                cache[key] = train_compute(runs[0]) if runs else estimated_train_compute(r)
         if cache[key] is None:
             missing.append(f"{r['bytes']} {r['tag']} s{r['seed']}")
         else:
@@ -224,8 +266,9 @@ def main() -> int:
         ap.error("--docs (a smoke check) needs --record elsewhere: its partial points would count as finished")
     rec = json.loads(record.read_text()) if record.is_file() else {"preset": "tiny", "data": "prose", "rows": []}
     have = {(r["bytes"], r["tag"], r["seed"], r["requested_rate"]) for r in rec["rows"]}
+    kept = record.with_name(record.stem + "_runs")  # each trained run's records, beside the record
     if any("flops_per_byte_train" not in r for r in rec["rows"]):
-        missing = backfill_train_compute(rec, Path(args.out))
+        missing = backfill_train_compute(rec, Path(args.out), kept)
         if missing:
             print(f"no run to read the training FLOPs of: {', '.join(sorted(set(missing)))}", flush=True)
         write_json_atomic(record, rec)
@@ -244,6 +287,7 @@ def main() -> int:
                 else:
                     run = Path(args.out) / size / f"{tag}_s{seed}"
                     train(run, method, sets, size, seed)
+                    keep_records(run, kept / size / run.name)
                     points = (measure(run, r, args.docs) for r in todo)  # each kept as soon as it is measured
                 for p in points:
                     row = {"bytes": size, "tag": tag, "method": method, "seed": seed, "overrides": sets, **p}

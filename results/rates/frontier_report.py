@@ -102,6 +102,14 @@ def against_best(by_rate: dict) -> tuple:
     return best, mean, tests, tied
 
 
+def _picked(by_rate: dict) -> str:
+    """Where the rates' seed sets differ: which seeds the best was picked by (``against_best``)."""
+    shared = sorted(set.intersection(*(set(v) for v in by_rate.values())))
+    if all(sorted(v) == shared for v in by_rate.values()):
+        return ""
+    return f"; picked by the means over seed{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}, which every rate has"
+
+
 def _p(p) -> str:
     return "—" if p is None else f"{p:.3g}"
 
@@ -123,7 +131,8 @@ def tables(rec: dict) -> tuple[str, dict]:
             summary[f"{size}:{k[1]}:{k[2]}"] = {f: {"mean": m, "se": s} for f, (m, s) in cell.items()} | {
                 "seeds": sorted(seeds)}
             lines.append(f"| {k[1]} | {'' if k[2] is None else k[2]} | {len(seeds)} | {_fmt(*cell['bpb'])} | "
-                         f"{_fmt(*cell['rate'], 3)} | {cell['flops_per_byte_train'][0] / 1e6:.2f}M | "
+                         f"{_fmt(*cell['rate'], 3)} | {cell['flops_per_byte_train'][0] / 1e6:.2f}M"
+                         f"{' ~' if any('train_compute_from' in r for r in seeds.values()) else ''} | "
                          f"{cell['flops_per_byte'][0] / 1e6:.2f}M | {_fmt(*cell['whitespace_recall'], 3)} | "
                          f"{_fmt(*cell['boundary_enrichment'], 2)} |")
         base = pts.get((size, "rl_r0.2", 0.2))
@@ -147,11 +156,7 @@ def tables(rec: dict) -> tuple[str, dict]:
             summary[f"{size}:best_rl_rate"] = None
             lines += ["", f"Best rl rate at {size}: not yet asked (no seed has every rate)."]
         elif rl:
-            shared = sorted(set.intersection(*(set(v) for v in rl.values())))
-            picked = ("" if all(sorted(v) == shared for v in rl.values()) else
-                      f"; picked by the means over seed{'s' * (len(shared) > 1)} {', '.join(map(str, shared))}, "
-                      "which every rate has")
-            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*mean[best])} bits/byte{picked}). Each other rate against it "
+            lines += ["", f"Best rl rate at {size}: {best} ({_fmt(*mean[best])} bits/byte{_picked(rl)}). Each other rate against it "
                       f"(paired over seeds, two-sided t; {HOLM}):", "",
                       "| rate | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
             for r, t in tests.items():
@@ -161,6 +166,9 @@ def tables(rec: dict) -> tuple[str, dict]:
             summary[f"{size}:rl_rates_not_resolved_from_best"] = tied
             lines += ["", f"Not resolved from the best at Holm-adjusted p < 0.05: {', '.join(map(str, tied)) or 'none'}."]
         lines.append("")
+    if any("train_compute_from" in r for r in rec["rows"]):
+        lines += ["~: for at least one seed the run's records were gone before its training FLOPs were "
+                  "recorded; they are its settings' FLOPs per byte at the requested rate.", ""]
     more, extra = equal_compute(rec)
     return "\n".join(lines + more), summary | extra
 
@@ -213,7 +221,7 @@ def equal_compute(rec: dict) -> tuple[list[str], dict]:
         best, mean, tests, tied = against_best(at)
         if best is None:
             continue
-        lines += [f"At {math.exp(x):.3g} training FLOPs: best rate {best} ({_fmt(*mean[best])} bits/byte)", "",
+        lines += [f"At {math.exp(x):.3g} training FLOPs: best rate {best} ({_fmt(*mean[best])} bits/byte{_picked(at)})", "",
                   "| rate | seeds | bpb | Δ vs best | SE | p | p (Holm) |", "|---|---|---|---|---|---|---|"]
         for r in sorted(at):
             t = tests.get(r)
@@ -252,6 +260,7 @@ def plot(rec: dict, dest: Path) -> None:
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
     for ax, size in zip(axes[0], sizes):
+        ax.set_prop_cycle(color=plt.cm.tab20.colors)  # more rows than the default cycle's ten colours
         series: dict = defaultdict(list)
         for k, seeds in pts.items():
             if k[0] != size:
