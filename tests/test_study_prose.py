@@ -147,3 +147,18 @@ def test_an_incomplete_comparison_is_pending_and_an_old_missed_rate_is_marked(sp
     full = [{**c, "rung": "2M"} for c in cells]  # 2 MB plans three: the same test is a claim
     t2 = next(t for t in sp.summarize(full)["2M"]["comparisons"] if t["set"] == "test")
     assert t2["complete"] and "pending (" not in sp.tables(sp.summarize(full))
+
+
+def test_flops_at_the_evaluation_rate_count_every_levels_rate_on_the_set(sp):
+    from rltok.config import build_config
+    from rltok.flops import training_flops_per_byte
+    from rltok.run import build_model
+
+    cfg = build_config("rl", "smoke", overrides={"model.stages": 2})
+    model = build_model(cfg)
+    at = sp.eval_flops_per_byte(model, cfg, {"rate": 0.25, "rates": [0.25, 0.6]})
+    assert at == training_flops_per_byte(model, cfg, 0.25, [0.6]).per_byte
+    assert at != training_flops_per_byte(model, cfg, 0.25).per_byte  # not the inner target
+    one = build_config("rl", "smoke")
+    m1 = build_model(one)
+    assert sp.eval_flops_per_byte(m1, one, {"rate": 0.25, "rates": [0.25]}) == training_flops_per_byte(m1, one, 0.25).per_byte

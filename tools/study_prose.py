@@ -264,6 +264,14 @@ def offset_trace(run: Path, points: int = 40) -> list[list[float]]:
     return rows[::step] + ([rows[-1]] if rows and rows[-1] not in rows[::step] else [])
 
 
+def eval_flops_per_byte(model, cfg, entry: dict) -> float:
+    """Training FLOPs per byte at a set's evaluation rates (``entry``: its EvalResult as a dict): a
+    two-stage model's deeper levels at their rates on the set too, not at their targets."""
+    from rltok.flops import training_flops_per_byte
+
+    return training_flops_per_byte(model, cfg, entry["rate"], entry.get("rates", [])[1:] or None).per_byte
+
+
 def measure_cell(rung: str, tag: str, seed: int, run: Path) -> dict:
     import rltok
     from rltok.compare import training_record
@@ -271,7 +279,6 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path) -> dict:
     from dataclasses import asdict
 
     from rltok.evaluate import calibrate_rate, evaluate_corpus, rate_knob, score_at_rate
-    from rltok.flops import training_flops_per_byte
 
     model = rltok.load(run)
     cfg = model.run_config
@@ -308,7 +315,7 @@ def measure_cell(rung: str, tag: str, seed: int, run: Path) -> dict:
             entry["calibrated"] = knob is not None
             rate = entry.get("rate")
             if rate is not None and rate == rate:
-                entry["flops_per_byte"] = training_flops_per_byte(model, cfg, rate).per_byte
+                entry["flops_per_byte"] = eval_flops_per_byte(model, cfg, entry)
             rec[key] = entry
     rec["rate"], rec["bpb"] = rec["test"]["rate"], rec["test"]["bpb"]
     return v2._plain(rec)
