@@ -307,7 +307,13 @@ def score_at_rate(model: nn.Module, corpus: Corpus, seq_len: int, target: float,
     if not abs(a.rate - target) > tol:  # within tol (or no boundaries to count: nan)
         return a, RateMatch("calibrated", target, tol, points)
     moved = min(max(target - (a.rate - target), 0.01), 0.99)
-    calibrate_rate(model, calibration, seq_len, moved, docs=cal_docs, tol=cal_tol, **eval_kw)
+    c = calibrate_rate(model, calibration, seq_len, moved, docs=cal_docs, tol=cal_tol, **eval_kw)
+    if float(buf) == first_value and c.before_rate != moved:
+        # the held-out slice was already within cal_tol of the moved target (a miss not much
+        # larger than cal_tol), so the knob stayed and a second scoring would repeat the first:
+        # bisect until the slice is at least half-way from where it was to the moved target
+        calibrate_rate(model, calibration, seq_len, moved, docs=cal_docs, tol=abs(c.before_rate - moved) / 2,
+                       **eval_kw)
     scored = [(first_value, a), (float(buf), evaluate_corpus(model, corpus, seq_len, **score_kw))]
     # not bracketed yet: a secant step on the scored set itself, overshooting by half, so that a
     # third point usually lands on the far side of the target

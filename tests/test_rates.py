@@ -316,3 +316,30 @@ def test_the_rate_alone_is_the_evaluations_rate_and_calibrates_to_the_same_knob(
     monkeypatch.setattr(ev, "_has_unet_scorer", lambda model: False)
     slow = ev.calibrate_rate(m, corpus, 64, 0.25, docs=None, dtype=dtype, whole=True, tol=0.005, max_evals=5)
     assert fast == slow and fast.evaluations > 1
+
+
+def test_score_at_rate_moves_the_knob_when_the_held_out_slice_already_sits_near_the_moved_target():
+    """A scored set that misses by a little more than tol: the slice, calibrated to r* within
+    cal_tol, is then also within cal_tol of the moved target, so calibrating to it leaves the knob
+    where it was. The second point must still be at another knob value (the 8 MB prose study's rl
+    seed 3 stopped on 'the rate did not move between knob values -0.7128 and -0.7128')."""
+    from rltok.data.corpus import Corpus
+    from rltok.evaluate import calibrate_rate, evaluate_corpus, score_at_rate
+    from rltok.run import build_model
+
+    torch.manual_seed(0)
+    m = build_model(build_config("rl", "smoke", overrides={"model.seq_len": 64, "boundary.rate_integral_gain": 1.0,
+                                                            "boundary.scale": 4.0})).eval()
+    cal = _calibration_corpus()
+    rng = np.random.default_rng(1)
+    other = Corpus.from_docs([bytes(rng.integers(33, 127, 90).astype(np.uint8)) for _ in range(6)])
+    target = 0.2
+    calibrate_rate(m, cal, 64, target, docs=None, dtype="fp32", tol=0.005)
+    miss = abs(evaluate_corpus(m, other, 64, dtype="fp32").rate - target)
+    assert miss > 0.01
+    # cal_tol 3x the miss: the slice (within 0.005 of r*) is within it of r* -/+ the miss too
+    r, match = score_at_rate(m, other, 64, target, calibration=cal, cal_docs=None, cal_tol=3 * miss, tol=miss / 2,
+                             dtype="fp32")
+    values = [p["value"] for p in match.points]
+    assert len(values) >= 2 and len(set(values)) == len(values)
+    assert match.how in ("interpolated", "extrapolated") and r.rate == pytest.approx(target)
