@@ -17,8 +17,8 @@ out = []
 for f in files:
     c = json.load(open(f))
     t = c["test"]
-    out.append(f"{c['rung']} {c['tag']} s{c['seed']} (test {t['bpb']:.4f} at rate {t.get('rate') or float('nan'):.3f}, "
-               f"C4 {c['c4']['bpb']:.4f})")
+    at = f" at rate {t['rate']:.3f}" if t.get("rate") is not None else ""  # bytes has no boundaries
+    out.append(f"{c['rung']} {c['tag']} s{c['seed']} (test {t['bpb']:.4f}{at}, C4 {c['c4']['bpb']:.4f})")
 print("; ".join(out))
 PYEOF
 )
