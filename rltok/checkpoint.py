@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -103,6 +104,19 @@ def _unlink_quietly(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError:
         pass
+
+
+def finite_or_null(obj: Any) -> Any:
+    """obj with every NaN or infinite float replaced by None, so json.dumps(..., allow_nan=False)
+    writes strict JSON: NaN is not JSON (RFC 8259) and jq, JavaScript and most loaders other than
+    Python's reject it; a published record says "no value" (a byte model's rate) as null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

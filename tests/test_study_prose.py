@@ -162,3 +162,16 @@ def test_flops_at_the_evaluation_rate_count_every_levels_rate_on_the_set(sp):
     one = build_config("rl", "smoke")
     m1 = build_model(one)
     assert sp.eval_flops_per_byte(m1, one, {"rate": 0.25, "rates": [0.25]}) == training_flops_per_byte(m1, one, 0.25).per_byte
+
+
+def test_results_json_is_strict_json_with_null_where_a_byte_model_has_no_rate(sp):
+    import json
+    cells = [_cell("uniform", s, 2.0) for s in (1, 2, 3)]
+    cells += [{**_cell("bytes", s, 2.4), "test": {**_cell("bytes", s, 2.4)["test"], "rate": float("nan")}} for s in (1, 2, 3)]
+    text = sp.results_json({"test_segments_in_train": 0.001}, sp.summarize(cells), cells)
+
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    rec = json.loads(text, parse_constant=refuse)  # NaN / Infinity would raise here
+    got = {(c["tag"], c["seed"]): c["test"]["rate"] for c in rec["cells"]}
+    assert got[("bytes", 2)] is None and got[("uniform", 2)] == 0.2
