@@ -51,6 +51,7 @@ from ..errors import RltokError
 from ..model.flat_lm import ByteLM
 from ..flops import flat_flops
 from ..model.layers import KVCache
+from ..model.chunking import forced_mask
 from ..model.unet import ByteUNet
 from ..objectives import per_position_ce
 from ..registry import MethodSpec, register
@@ -241,11 +242,12 @@ def train_entropy_model(cfg: EntropyConfig, train_docs: list[bytes], seed: int, 
 
 
 def _row_entropies(em: ByteLM, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Entropies e, the valid mask and the forced mask (BOS and each row's first position) of
-    rows of ids as the U-Net sees them."""
+    """Entropies e, the valid mask and the forced mask of rows of ids as the U-Net sees them: BOS
+    and the positions ``forward`` forces (each row's first and its last valid position), so the
+    calibrated rate is the rate training runs at."""
     e = torch.cat([byte_entropies(em, ids[i:i + 32]) for i in range(0, len(ids), 32)])
-    forced = (ids == BOS) | (torch.arange(ids.shape[1]) == 0)[None]
-    return e, ids != PAD, forced
+    valid = ids != PAD
+    return e, valid, (ids == BOS) | forced_mask(valid)
 
 
 def _held_out_entropies(em: ByteLM, docs: list[bytes], seq_len: int) -> tuple[Tensor, Tensor, Tensor]:
