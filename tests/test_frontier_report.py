@@ -235,3 +235,18 @@ def test_the_frontier_is_drawn_at_training_flops_and_old_rows_are_filled_in_from
     assert rows[1]["flops_per_byte_train"] == pytest.approx(training_flops_per_byte(build_model(cfg), cfg, 0.1).per_byte)
     assert "records are gone" in rows[1]["train_compute_from"]
     sys.modules.pop("frontier", None)
+
+
+def test_a_bpe_token_lm_far_below_does_not_set_the_byte_models_axis(fr, tmp_path):
+    # byte models at 2.30-2.36, the BPE-token LM at 1.78: the 8M panel spans the byte models and
+    # shows the LM as an arrow at its lower edge, its value in the legend
+    rows = []
+    for s in (1, 2, 3):
+        rows += [_row("8M", "rl_r0.2", 0.2, s, 2.34 + 0.01 * s), _row("8M", "uniform_r0.2", 0.2, s, 2.30 + 0.01 * s),
+                 _row("8M", "bpe-lm", None, s, 1.78)]
+    fig = fr.plot({"rows": rows}, tmp_path / "f.png")
+    ax = fig.axes[0]
+    lo, hi = ax.get_ylim()
+    assert 2.2 < lo < 2.314 and hi > 2.36  # uniform: 2.32 ± 0.006; rl: 2.36 ± 0.006
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any(t.startswith("bpe-lm: 1.7800") and "off scale" in t for t in labels), labels

@@ -237,7 +237,7 @@ def equal_compute(rec: dict) -> tuple[list[str], dict]:
     return lines, {"equal_compute": out}
 
 
-def plot(rec: dict, dest: Path) -> None:
+def plot(rec: dict, dest: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -307,6 +307,7 @@ def plot(rec: dict, dest: Path) -> None:
         ax.legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     fig.tight_layout()
     fig.savefig(dest, dpi=130)
+    return fig
 
 
 def main() -> int:
