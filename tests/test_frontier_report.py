@@ -250,3 +250,22 @@ def test_a_bpe_token_lm_far_below_does_not_set_the_byte_models_axis(fr, tmp_path
     assert 2.2 < lo < 2.314 and hi > 2.36  # uniform: 2.32 ± 0.006; rl: 2.36 ± 0.006
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any(t.startswith("bpe-lm: 1.7800") and "off scale" in t for t in labels), labels
+
+
+def test_uniform_and_the_conditioned_model_against_rl_at_each_rate(fr):
+    # uniform is rl + 0.05 at 0.2 on every seed (p = 0) and rl + (0.01, 0.03, -0.01) at 0.1; the
+    # conditioned model is read at 0.2 only; bpe-lm (no rate) is in neither table
+    rows = []
+    for s, base in zip((1, 2, 3), (3.00, 3.01, 3.02)):
+        rows += [_row("8M", "rl_r0.2", 0.2, s, base), _row("8M", "rl_r0.1", 0.1, s, base + 0.1),
+                 _row("8M", "uniform_r0.2", 0.2, s, base + 0.05),
+                 _row("8M", "uniform_r0.1", 0.1, s, base + 0.1 + (0.01, 0.03, -0.01)[s - 1]),
+                 _row("8M", "cond", 0.2, s, base - 0.01 * s), _row("8M", "bpe-lm", None, s, 1.8)]
+    text, summary = fr.tables({"rows": rows})
+    u2, u1, c2 = summary["8M:uniform:0.2:vs_rl"], summary["8M:uniform:0.1:vs_rl"], summary["8M:cond:0.2:vs_rl"]
+    assert u2["mean"] == pytest.approx(0.05) and u2["p"] == 0 and u2["p_holm"] == 0
+    assert u1["mean"] == pytest.approx(0.01) and u1["se"] == pytest.approx(0.02 / 3 ** 0.5)
+    assert u1["p_holm"] == pytest.approx(u1["p"])  # Holm: the larger of two p-values is multiplied by 1
+    assert c2["per_seed"] == pytest.approx([-0.01, -0.02, -0.03])
+    assert "8M:cond:0.1:vs_rl" not in summary and not any(k.startswith("8M:bpe-lm") and "vs_rl" in k for k in summary)
+    assert "uniform − rl at the same requested rate (8M" in text and "| 0.2 | 3 | +0.0500 | 0.0000 | 0 | 0 |" in text

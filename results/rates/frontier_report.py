@@ -118,6 +118,29 @@ def _p(p) -> str:
     return "—" if p is None else f"{p:.3g}"
 
 
+def same_rate(size: str, keys: list, pts: dict, summary: dict) -> list[str]:
+    """Uniform chunks and the one conditioned model against rl at the same requested rate, paired
+    over seeds: does learning the boundaries help at every rate, and what does one model for all
+    rates cost against a model per rate? Holm over each table's rates (five tests per family)."""
+    rl_at = {k[2]: pts[k] for k in keys if family(k[1]) == "rl" and k[2] is not None}
+    lines = []
+    for fam in ("uniform", "cond"):
+        rows = {k[2]: pts[k] for k in keys if family(k[1]) == fam and k[2] in rl_at}
+        if not rows:
+            continue
+        tests = {r: paired(v, rl_at[r]) for r, v in sorted(rows.items())}
+        for r, p in holm({r: t.get("p") for r, t in tests.items()}).items():
+            tests[r]["p_holm"] = p
+        lines += ["", f"{fam} − rl at the same requested rate ({size}; paired over seeds, two-sided t, n − 1 df; "
+                  "p (Holm): adjusted over this table's rates):", "",
+                  "| rate | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
+        for r, t in tests.items():
+            summary[f"{size}:{fam}:{r}:vs_rl"] = t
+            lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} | "
+                         f"{_p(t['p_holm'])} |")
+    return lines
+
+
 def tables(rec: dict) -> tuple[str, dict]:
     pts = points(rec["rows"])
     lines, summary = [], {}
@@ -148,6 +171,7 @@ def tables(rec: dict) -> tuple[str, dict]:
                 t = paired(pts[k], base)
                 summary[f"{size}:{k[1]}:vs_rl"] = t
                 lines.append(f"| {k[1]} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} |")
+        lines += same_rate(size, keys, pts, summary)
         rl = {k[2]: pts[k] for k in keys if family(k[1]) == "rl"}
         best = None
         if len(rl) > 1:
