@@ -41,6 +41,7 @@ def test_the_best_rl_rate_and_the_rates_not_resolved_from_it(fr, tmp_path):
     assert "uniform" not in str(summary["8M:rl_rates_not_resolved_from_best"])
     t = summary["8M:opt_mean_pool:vs_rl"]
     assert t["per_seed"] == pytest.approx([0.02, 0.04, 0.06]) and t["se"] == pytest.approx(0.02 / 3 ** 0.5)
+    assert t["p_holm"] == pytest.approx(t["p"])  # the only option: Holm over one test leaves it
     assert "Best rl rate at 8M: 0.2 (3.0100 ± 0.0058 bits/byte)" in text
     assert "| 0.3 | 3 | +0.0100 | 0.0000 | 0 | 0 |" in text
     assert "Not resolved from the best at Holm-adjusted p < 0.05: 0.1." in text
