@@ -26,6 +26,7 @@ PYEOF
 fi
 if [ -n "$(git status --porcelain results/rates/frontier.json)" ]; then
   OMP_NUM_THREADS=1 $PY results/rates/frontier_report.py >/dev/null || exit 1
+  OMP_NUM_THREADS=1 $PY results/rates/collect.py >/dev/null || exit 1  # results.json cells: the frontier rows too
   git add results/rates
   points=$($PY - <<'PYEOF'
 import json, subprocess
