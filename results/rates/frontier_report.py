@@ -85,6 +85,19 @@ def holm(ps: dict) -> dict:
     return out
 
 
+def with_holm(tests: dict) -> dict:
+    """Each paired test of one family (key -> paired()) with its Holm-adjusted p as ``p_holm``."""
+    for k, p in holm({k: t.get("p") for k, t in tests.items()}).items():
+        tests[k]["p_holm"] = p
+    return tests
+
+
+def _test_row(key, t: dict) -> str:
+    """A table row of one adjusted paired test: key, seeds, Δ bpb, SE, p, p (Holm)."""
+    return (f"| {key} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} | "
+            f"{_p(t['p_holm'])} |")
+
+
 def against_best(by_rate: dict) -> tuple:
     """rate -> {seed: row with bpb}: the rate with the lowest mean over the seeds every rate has
     (None if there is none: means over different seeds would rank seeds, not rates), every rate's
@@ -99,9 +112,7 @@ def against_best(by_rate: dict) -> tuple:
     if not shared:
         return None, mean, {}, []
     best = min(by_rate, key=lambda r: mean_se([by_rate[r][s]["bpb"] for s in shared])[0])
-    tests = {r: paired(by_rate[r], by_rate[best]) for r in sorted(by_rate) if r != best}
-    for r, p in holm({r: t.get("p") for r, t in tests.items()}).items():
-        tests[r]["p_holm"] = p
+    tests = with_holm({r: paired(by_rate[r], by_rate[best]) for r in sorted(by_rate) if r != best})
     tied = [r for r, t in tests.items() if t["p_holm"] is None or t["p_holm"] >= 0.05]
     return best, mean, tests, tied
 
@@ -128,16 +139,13 @@ def same_rate(size: str, keys: list, pts: dict, summary: dict) -> list[str]:
         rows = {k[2]: pts[k] for k in keys if family(k[1]) == fam and k[2] in rl_at}
         if not rows:
             continue
-        tests = {r: paired(v, rl_at[r]) for r, v in sorted(rows.items())}
-        for r, p in holm({r: t.get("p") for r, t in tests.items()}).items():
-            tests[r]["p_holm"] = p
+        tests = with_holm({r: paired(v, rl_at[r]) for r, v in sorted(rows.items())})
         lines += ["", f"{fam} − rl at the same requested rate ({size}; paired over seeds, two-sided t, n − 1 df; "
                   "p (Holm): adjusted over this table's rates):", "",
                   "| rate | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
         for r, t in tests.items():
             summary[f"{size}:{fam}:{r}:vs_rl"] = t
-            lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} | "
-                         f"{_p(t['p_holm'])} |")
+            lines.append(_test_row(r, t))
     return lines
 
 
@@ -168,13 +176,9 @@ def tables(rec: dict) -> tuple[str, dict]:
             lines += ["", f"Options against rl at 0.2 ({size}; paired over seeds, two-sided t, n − 1 df; p (Holm): "
                       "adjusted over the options, five tests against one baseline):", "",
                       "| option | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
-            tests = {k[1]: paired(pts[k], base) for k in opts}
-            for tag, p in holm({tag: t.get("p") for tag, t in tests.items()}).items():
-                tests[tag]["p_holm"] = p
-            for tag, t in tests.items():
+            for tag, t in with_holm({k[1]: paired(pts[k], base) for k in opts}).items():
                 summary[f"{size}:{tag}:vs_rl"] = t
-                lines.append(f"| {tag} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} | "
-                             f"{_p(t['p_holm'])} |")
+                lines.append(_test_row(tag, t))
         lines += same_rate(size, keys, pts, summary)
         rl = {k[2]: pts[k] for k in keys if family(k[1]) == "rl"}
         best = None
@@ -192,8 +196,7 @@ def tables(rec: dict) -> tuple[str, dict]:
                       f"(paired over seeds, two-sided t; {HOLM}):", "",
                       "| rate | seeds | Δ bpb | SE | p | p (Holm) |", "|---|---|---|---|---|---|"]
             for r, t in tests.items():
-                lines.append(f"| {r} | {len(t['seeds'])} | {t['mean']:+.4f} | {_se(t['se'])} | {_p(t.get('p'))} | "
-                             f"{_p(t['p_holm'])} |")
+                lines.append(_test_row(r, t))
             summary[f"{size}:best_rl_rate"] = best
             summary[f"{size}:rl_rates_not_resolved_from_best"] = tied
             lines += ["", f"Not resolved from the best at Holm-adjusted p < 0.05: {', '.join(map(str, tied)) or 'none'}."]
