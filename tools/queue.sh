@@ -4,7 +4,9 @@
 #   1. issue 39's FLORES study (results/multilingual/run_flores.sh) on both cores, JOBS=2;
 #   2. then, one core each: issue 36's prose study (tools/study_prose.py run, 8 and 32 MB, in its
 #      TIERS order) beside issue 38's frontier (results/rates/frontier.py: rl at 2 MB, then every row
-#      at 8 MB, then rl at 32 MB; 3 seeds); once the frontier is done, its core runs prose cells too.
+#      at 8 MB, then rl at 0.05 at 2 and 8 MB; 3 seeds); then that core runs prose cells too (the
+#      open issue's 32 MB rung comes before the frontier's budget trend), and once the prose study
+#      is done, the frontier's last leg: rl at every rate at 32 MB.
 # Everything is resumable: a finished run or cell is skipped, a stopped one resumes from its last
 # checkpoint. Commit the records as they land (git status results/).
 #
@@ -51,18 +53,18 @@ run)  # the queue itself (start runs it in the background)
   "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose.log" 2>&1 &
   # the frontier: first rl at each rate at 2 MB (an hour; the first point of "the best rate vs
   # budget"), then every row at 8 MB, then rl at 0.05 at 2 and 8 MB (at equal compute the best rate
-  # was the lowest asked, 0.1: the trend needs a point past it), then rl at each rate at 32 MB (the
-  # budget trend's last point; rl at 0.2 there is the prose study's cell)
-  ( for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07" "--bytes 2M,8M --rows rl --rates 0.05" \
-              "--bytes 32M --rows rl --rates 0.05,0.1,0.15,0.2,0.3,0.4"; do
-    # shellcheck disable=SC2086
-    "$PY" results/rates/frontier.py $args --seeds 1,2,3 --out "$ROOT/runs/frontier" \
-      --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 || true
-  done
-  # the frontier done, its core joins the prose study: a second runner over the same plan (a cell
-  # the first runner holds is locked and skipped, a finished one is skipped)
-  echo "$(date -u +%FT%TZ) frontier done: its core joins the prose study" >> "$LOGS/frontier.log"
-  "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose-2.log" 2>&1 || true
+  # was the lowest asked, 0.1: the trend needs a point past it). Then this core joins the prose
+  # study, a second runner over the same plan (a cell the first runner holds is locked and skipped,
+  # a finished one is skipped): issue 36 is open and its 32 MB rung needs both cores. Last, rl at
+  # each rate at 32 MB (the budget trend's last point; rl at 0.2 there is the prose study's cell).
+  frontier() {  # shellcheck disable=SC2086
+    "$PY" results/rates/frontier.py $1 --seeds 1,2,3 --out "$ROOT/runs/frontier" \
+      --record "$ROOT/results/rates/frontier.json" >> "$LOGS/frontier.log" 2>&1 || true; }
+  ( for args in "--bytes 2M --rows rl" "--bytes 8M --prices 0.07" "--bytes 2M,8M --rows rl --rates 0.05"; do
+      frontier "$args"; done
+    echo "$(date -u +%FT%TZ) frontier to 8 MB done: its core joins the prose study" >> "$LOGS/frontier.log"
+    "$PY" tools/study_prose.py run --rungs 8M,32M --jobs 1 >> "$LOGS/study-prose-2.log" 2>&1 || true
+    frontier "--bytes 32M --rows rl --rates 0.05,0.1,0.15,0.2,0.3,0.4"
   ) &
   wait
   echo "$(date -u +%FT%TZ) queue done"
