@@ -144,6 +144,14 @@ def test_an_incomplete_comparison_is_pending_and_an_old_missed_rate_is_marked(sp
     assert summ["8M"]["rows"]["rl"]["c4"]["missed_seeds"] == [2]
     row = next(line for line in sp.tables(summ).splitlines() if line.startswith("| rl | 3 |"))
     assert row.count("ᵐ") == 1  # on C4 only
+    # rl − rl-penalty pairs the three seeds rl-penalty plans: with those in, rl's seeds 4 and 5
+    # cannot change it, and it is a claim
+    pen = [{**_cell("rl-penalty", s, 2.0 + 0.01 * s), "rung": "8M"} for s in (1, 2, 3)]
+    t3 = next(t for t in sp.summarize(cells + pen)["8M"]["comparisons"]
+              if (t["method"], t["reference"], t["set"]) == ("rl", "rl-penalty", "test"))
+    assert t3["complete"] and t3["planned_seeds"] == [1, 2, 3]
+    assert not next(t for t in sp.summarize(cells + pen[:2])["8M"]["comparisons"]
+                    if (t["method"], t["reference"]) == ("rl", "rl-penalty"))["complete"]
     full = [{**c, "rung": "2M"} for c in cells]  # 2 MB plans three: the same test is a claim
     t2 = next(t for t in sp.summarize(full)["2M"]["comparisons"] if t["set"] == "test")
     assert t2["complete"] and "pending (" not in sp.tables(sp.summarize(full))

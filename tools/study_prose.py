@@ -489,10 +489,12 @@ def summarize(cells: list[dict]) -> dict:
                 pa = [tags[a][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 pb = [tags[b][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 t = v2.paired_test(pa, pb)
-                t.update(method=a, reference=b, set=ev, seeds=common,
+                # the test pairs seeds both rows plan (rl's five against rl-penalty's three: three
+                # pairs); only once every one of them is in is "resolved" a claim
+                planned = sorted(set(seeds(rung, a)) & set(seeds(rung, b)))
+                t.update(method=a, reference=b, set=ev, seeds=common, planned_seeds=planned,
                          resolved=t["p"] is not None and t["p"] < 0.05,
-                         # every planned seed of both rows is in: only then is "resolved" a claim
-                         complete=set(seeds(rung, a)) <= set(tags[a]) and set(seeds(rung, b)) <= set(tags[b]))
+                         complete=set(planned) <= set(common))
                 tests.append(t)
         out[rung] = {"rows": rows, "comparisons": tests}
     return out
@@ -521,11 +523,11 @@ def _matched(entry: dict) -> str:
 
 
 def _verdict(t: dict, rung: str) -> str:
-    """yes / no once both rows have every planned seed; until then, pending with the seeds in."""
+    """yes / no once both rows have every seed the test pairs; until then, pending with the seeds in."""
     if t.get("complete", True):
         return "yes" if t["resolved"] else "no"
-    planned = max(len(seeds(rung, t["method"])), len(seeds(rung, t["reference"])))
-    return f"pending ({t['n']} of {planned} seeds)"
+    planned = t.get("planned_seeds") or sorted(set(seeds(rung, t["method"])) & set(seeds(rung, t["reference"])))
+    return f"pending ({t['n']} of {len(planned)} seeds)"
 
 
 def tables(summary: dict) -> str:
@@ -554,7 +556,7 @@ def tables(summary: dict) -> str:
                  "two scorings, ᵉ: the same from two points on one side; ᵐ: for at least one seed, measured "
                  "before that reading existed, the calibrated rate missed by more than 0.005 and was read as "
                  "it stands). rl-bpe-rate is matched to bpe's rate on each set instead. A comparison is "
-                 "resolved only at p < 0.05, and is pending until both rows have every planned seed.")
+                 "resolved only at p < 0.05, and is pending until both rows have every seed it pairs (the seeds both plan).")
     return "\n".join(lines)
 
 
