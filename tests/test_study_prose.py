@@ -183,3 +183,20 @@ def test_results_json_is_strict_json_with_null_where_a_byte_model_has_no_rate(sp
     rec = json.loads(text, parse_constant=refuse)  # NaN / Infinity would raise here
     got = {(c["tag"], c["seed"]): c["test"]["rate"] for c in rec["cells"]}
     assert got[("bytes", 2)] is None and got[("uniform", 2)] == 0.2
+
+
+def test_the_token_lms_do_not_set_the_delta_panels_scale(sp, tmp_path):
+    # byte rows within ±0.03 of uniform, the BPE-token LM 0.6 below it: the Δ panel spans the byte
+    # rows and shows the LM as an arrow at its lower edge, with its value and seeds in the legend
+    cells = []
+    for s in (1, 2, 3):
+        jitter, lm = (0.0, 0.003, -0.003)[s - 1], (0.0, 0.004, -0.001)[s - 1]  # bpe-lm: Δ −0.599 ± 0.0015
+        cells += [_cell("uniform", s, 2.30 + 0.01 * s), _cell("rl", s, 2.27 + 0.01 * s + jitter),
+                  _cell("nawrot", s, 2.32 + 0.01 * s - jitter), _cell("bpe-lm", s, 1.70 + 0.01 * s + lm)]
+    fig = sp.plot(sp.summarize(cells), cells, tmp_path / "ladder.png")
+    ax = fig.axes[2]
+    lo, hi = ax.get_ylim()
+    assert -0.1 < lo < -0.03 and 0.02 < hi < 0.1
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "bpe-lm − uniform at 2M: -0.599 ± 0.002 (3 seeds), off scale" in labels, labels
+    assert "rl − uniform" in labels and (tmp_path / "ladder.png").stat().st_size > 0

@@ -615,7 +615,31 @@ def write_readme_block(readme: Path, block: str) -> bool:
     return True
 
 
-def plot(summary: dict, cells: list[dict], out: Path) -> None:
+# rows whose Δ vs uniform is an order of magnitude beyond the byte models' (a BPE-token LM reads
+# ~0.6-0.9 bits/byte lower): drawn as arrows at the Δ panel's edge with their value, so that the
+# byte models' differences of a few hundredths stay readable
+DELTA_OFF_SCALE = ("bpe-lm", "bpe-lm-neox")
+
+
+def _delta_vs_uniform(cells: list[dict], rungs: list[str], tag: str) -> list[tuple]:
+    """(bytes, mean, SE over seeds, seeds, rung) of tag − uniform on the test split, paired by seed."""
+    import numpy as np
+    by: dict = {}
+    for c in cells:
+        by.setdefault((c["rung"], c["tag"]), {})[c["seed"]] = c["test"]["bpb"]
+    pts = []
+    for r in rungs:
+        a, u = by.get((r, tag), {}), by.get((r, "uniform"), {})
+        k = sorted(set(a) & set(u))
+        if k:
+            d = np.array([a[s] - u[s] for s in k])
+            pts.append((RUNGS[r], float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else 0.0, len(k), r))
+    return pts
+
+
+def plot(summary: dict, cells: list[dict], out: Path):
+    """Three panels: test bits/byte vs training bytes and vs training FLOPs, and each row's Δ vs
+    uniform (paired by seed). Returns the figure (closed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -624,7 +648,8 @@ def plot(summary: dict, cells: list[dict], out: Path) -> None:
 
     rungs = sorted(summary, key=RUNGS.get)
     tags = [t for t in VARIANTS if any(t in summary[r]["rows"] for r in rungs)]
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5))
+    fig, axes = plt.subplots(1, 3, figsize=(18, 6.2))
+    off = []
     for i, tag in enumerate(tags):
         col = plt.cm.tab20(i % 20)
         rs = [r for r in rungs if tag in summary[r]["rows"]]
@@ -634,43 +659,44 @@ def plot(summary: dict, cells: list[dict], out: Path) -> None:
         fl = [(s["flops_per_byte_train"] or np.nan) * RUNGS[r] for s, r in zip(rows, rs)]
         axes[1].errorbar(fl, [s["test"]["bpb"] for s in rows], yerr=np.nan_to_num([s["test"]["bpb_se"] for s in rows]),
                          marker="o", capsize=2, label=tag, color=col)
-        d = [(RUNGS[r], t) for r in rs for t in summary[r]["comparisons"]
-             if t["method"] == tag and t["reference"] == "uniform" and t["set"] == "test"]
-        if tag == "rl" and d:
-            axes[2].errorbar([x for x, _ in d], [t["mean"] for _, t in d], yerr=np.nan_to_num([t["se"] for _, t in d]),
-                             marker="o", capsize=2, label="rl − uniform", color=col)
-    # every method's Δ vs uniform, paired by seed, from the cells
-    by = {}
-    for c in cells:
-        by.setdefault((c["rung"], c["tag"]), {})[c["seed"]] = c["test"]["bpb"]
-    for i, tag in enumerate(tags):
-        if tag in ("uniform", "rl"):
+        pts = [] if tag == "uniform" else _delta_vs_uniform(cells, rungs, tag)
+        if not pts:
             continue
-        pts = []
-        for r in rungs:
-            a, u = by.get((r, tag), {}), by.get((r, "uniform"), {})
-            k = sorted(set(a) & set(u))
-            if k:
-                d = np.array([a[s] - u[s] for s in k])
-                pts.append((RUNGS[r], d.mean(), d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else 0.0))
-        if pts:
-            axes[2].errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] for p in pts], marker="s",
-                             capsize=2, label=f"{tag} − uniform", color=plt.cm.tab20(i % 20))
+        if tag in DELTA_OFF_SCALE:
+            off.append((tag, col, pts))
+            continue
+        # rows side by side at each budget (a small horizontal dodge), or their error bars overlap
+        x = [p[0] * 2 ** (0.025 * (i - len(tags) / 2)) for p in pts]
+        axes[2].errorbar(x, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o" if tag == "rl" else "s",
+                         capsize=2, label=f"{tag} − uniform", color=col, lw=2.2 if tag == "rl" else 1.2)
     for a in axes:
         a.set_xscale("log", base=2)
         a.grid(alpha=0.3)
+    axes[2].axhline(0, color="#333", lw=0.8)
+    lo, hi = axes[2].get_ylim()
+    for tag, col, pts in off:
+        for x, m, se, n, rung in pts:
+            if lo <= m <= hi:
+                axes[2].errorbar([x], [m], yerr=[se], marker="*", color=col, capsize=2, label=f"{tag} − uniform")
+                continue
+            edge = lo + 0.04 * (hi - lo) if m < lo else hi - 0.04 * (hi - lo)
+            axes[2].plot([x], [edge], "v" if m < lo else "^", color=col, markersize=9,
+                         label=f"{tag} − uniform at {rung}: {m:+.3f} ± {se:.3f} ({n} seeds), off scale")
+    axes[2].set_ylim(lo, hi)
     axes[0].set_xlabel("training bytes per run")
     axes[1].set_xlabel("training FLOPs per run (at the training rate)")
     axes[2].set_xlabel("training bytes per run")
     axes[0].set_ylabel("prose test bits/byte (whole documents)")
+    axes[1].set_ylabel("prose test bits/byte (whole documents)")
     axes[2].set_ylabel("Δ bits/byte vs uniform (same seed, same documents)")
-    axes[2].axhline(0, color="#333", lw=0.8)
-    axes[0].legend(fontsize=7, ncol=2)
-    axes[2].legend(fontsize=7)
+    # below the panels: inside, a dozen rows' legend covers the points
+    axes[0].legend(fontsize=7, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.13))
+    axes[2].legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.13))
     fig.suptitle("prose study: mean ± SE over seeds; routers with a rate knob calibrated to r* on each set's domain")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return fig
 
 
 def results_json(leak: dict, summary: dict, cells: list[dict]) -> str:
