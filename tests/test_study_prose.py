@@ -200,3 +200,53 @@ def test_the_token_lms_do_not_set_the_delta_panels_scale(sp, tmp_path):
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "bpe-lm − uniform at 2M: -0.599 ± 0.002 (3 seeds), off scale" in labels, labels
     assert "rl − uniform" in labels and (tmp_path / "ladder.png").stat().st_size > 0
+
+
+def test_the_second_figure_is_the_se_over_documents_of_the_seed_averaged_difference(sp):
+    # two documents, two seeds: rl − uniform per document is (−0.1, −0.3) at seed 1 and (−0.3, −0.1)
+    # at seed 2, so (−0.2, −0.2) averaged over seeds: SE over documents 0; a third document
+    # at (0, 0) makes it (−0.2, −0.2, 0): SE = std(ddof=1)/sqrt(3) = 0.11547/1.732 = 0.06667
+    def cell(tag, seed, docs):
+        c = _cell(tag, seed, sum(docs) / len(docs))
+        c["test"] = {**c["test"], "per_doc_bpb": docs, "docs": len(docs)}
+        return c
+    u = [cell("uniform", 1, [2.0, 2.0]), cell("uniform", 2, [2.0, 2.0])]
+    r = [cell("rl", 1, [1.9, 1.7]), cell("rl", 2, [1.7, 1.9])]
+    t = next(t for t in sp.summarize(u + r)["2M"]["comparisons"] if t["set"] == "test" and t["reference"] == "uniform")
+    assert t["se_docs"] == pytest.approx(0.0) and t["docs"] == 2 and t["mean_docs"] == pytest.approx(-0.2)
+    u = [cell("uniform", 1, [2.0, 2.0, 2.0]), cell("uniform", 2, [2.0, 2.0, 2.0])]
+    r = [cell("rl", 1, [1.9, 1.7, 2.0]), cell("rl", 2, [1.7, 1.9, 2.0])]
+    summ = sp.summarize(u + r)
+    t = next(t for t in summ["2M"]["comparisons"] if t["set"] == "test" and t["reference"] == "uniform")
+    assert t["se_docs"] == pytest.approx(0.11547005 / 3 ** 0.5) and t["docs"] == 3
+    assert "| rl − uniform | test | 2 |" in sp.tables(summ) and "0.0667 (3) |" in sp.tables(summ)
+
+
+def test_a_flat_lm_costs_its_training_flops_on_every_set_and_unmatched_pairs_are_said(sp):
+    cells = []
+    for s in (1, 2, 3):
+        b = _cell("bytes", s, 2.5)
+        for ev in ("test", "test512", "c4", "wikitext", "docs_domain"):
+            b[ev] = {**b[ev], "rate": float("nan")}
+        b["flops_per_byte_train"] = 9.53e6
+        rl = _cell("rl", s, 2.3 + 0.01 * s)
+        rl["test"] = {**rl["test"], "flops_per_byte": 9.4e6}
+        bpe = _cell("bpe", s, 2.28 + 0.01 * s)
+        bpe["test"] = {**bpe["test"], "rate": 0.224}
+        bpe["flops_per_byte_train"] = 9.9e6
+        cells += [b, rl, bpe]
+    rows = sp.summarize(cells)["2M"]["rows"]
+    assert rows["bytes"]["test"]["flops_per_byte"] == pytest.approx(9.53e6)
+    assert rows["rl"]["test"]["flops_per_byte"] == pytest.approx(9.4e6)
+    assert rows["rl"]["c4"]["flops_per_byte"] is None  # a row with a rate is never given its training figure
+    assert sp._unmatched(rows, "rl", "bpe") == "rl − bpe: rate on test 0.200 vs 0.224"  # FLOPs within 5%
+    assert sp._unmatched(rows, "rl", "bytes") is None  # no rate to compare, FLOPs equal
+
+
+def test_the_tables_say_what_the_corpus_is_from_the_leakage_record(sp):
+    leak = {"mixture": {"gutenberg": 0.5787, "wikipedia": 0.4213}, "test_segments_in_train": 0.00089,
+            "splits": {s: {"gutenberg": {"docs": 2, "bytes": 2e6}, "wikipedia": {"docs": 8, "bytes": 1e6},
+                           "total": {"docs": 10, "bytes": 3e6}} for s in ("test", "val")}}
+    text = sp.corpus_lines(leak)
+    assert "gutenberg 57.9%, wikipedia 42.1%" in text and "wikipedia 8 documents (1.0 MB)" in text and "0.089%" in text
+    assert sp.corpus_lines({}) == ""

@@ -82,6 +82,13 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # head alone costs 1.3x the `tiny` U-Net's training FLOPs per byte, so total FLOPs cannot be
     # matched: its body (all but the output heads) is matched and its head comes on top
     "bpe-lm-neox": ("bpe-lm", [f"flat.tokenizer={NEOX}", "flat.match=body_flops"]),
+    # added 2026-12-07 (66 cells done, none of the descriptive 8 MB tier run): the v2 ladder's two
+    # rows this ladder had left out, so that the 8 MB rung holds every method of the v2 ladder as
+    # the issue asks; descriptive, 3 seeds, in the last tier. Two stages FLOP-matched by depth (no
+    # skip pass: the inner router's baseline is the outer early exit), and two stages under the
+    # paper's rate control only
+    "rl-2stage-deep": ("rl", ["model.stages=2", "model.main_layers=6", "boundary.inner_baseline=early", *HOLD]),
+    "rl-2stage-penalty": ("rl", ["model.stages=2"]),
 }
 PARTNER_OF = {"rl-bpe-rate": "bpe"}  # tag -> the cell whose rates it is trained and evaluated at
 ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against rl-penalty
@@ -441,6 +448,12 @@ COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"
                ] + [(a, "rl-penalty") for a in ABLATIONS]
 
 
+def _no_rate(entry: dict) -> bool:
+    """A set's entry for a row without boundaries (a flat LM: no rate, or NaN)."""
+    r = entry.get("rate")
+    return r is None or r != r
+
+
 def summarize(cells: list[dict]) -> dict:
     """Per rung and tag: mean ± SE over seeds of bits/byte and rate on each set, FLOPs per byte at
     the training rate and at each set's evaluation rate; per rung, the pre-registered comparisons."""
@@ -473,7 +486,11 @@ def summarize(cells: list[dict]) -> dict:
                 s[ev]["missed_seeds"] = sorted(k for k, c in cs.items() if ev in c and c[ev].get("calibrated")
                                                and "rate_match" not in c[ev] and target is not None
                                                and abs(c[ev]["rate"] - target) > MATCH_TOL)
-                f = [c[ev]["flops_per_byte"] for c in cs.values() if "flops_per_byte" in c.get(ev, {})]
+                # a row without boundaries (bytes: its rate is NaN) costs per byte what it cost in
+                # training, on any text
+                f = [c[ev]["flops_per_byte"] if c[ev].get("flops_per_byte") is not None
+                     else c.get("flops_per_byte_train") if _no_rate(c[ev]) else None for c in cs.values() if ev in c]
+                f = [x for x in f if isinstance(x, (int, float)) and x == x]
                 s[ev]["flops_per_byte"] = float(np.mean(f)) if f else None
             for k in ("flops_per_byte_train", "train_rate_late", "train_seconds", "params"):
                 v = [c[k] for c in cs.values() if isinstance(c.get(k), (int, float))]
@@ -489,6 +506,13 @@ def summarize(cells: list[dict]) -> dict:
                 pa = [tags[a][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 pb = [tags[b][k][ev]["bpb"] for k in common if ev in tags[a][k] and ev in tags[b][k]]
                 t = v2.paired_test(pa, pb)
+                # the second figure: each document's difference averaged over the paired seeds, SE
+                # over documents (it measures the documents, not the training runs)
+                per = [np.subtract(tags[a][k][ev]["per_doc_bpb"], tags[b][k][ev]["per_doc_bpb"]) for k in common
+                       if "per_doc_bpb" in tags[a][k].get(ev, {}) and "per_doc_bpb" in tags[b][k].get(ev, {})]
+                if per and len(per) == len(pa) and len({len(x) for x in per}) == 1:
+                    dd = np.mean(per, axis=0)
+                    t.update(mean_docs=float(dd.mean()), se_docs=se(dd.tolist()), docs=len(dd))
                 # the test pairs seeds both rows plan (rl's five against rl-penalty's three: three
                 # pairs); only once every one of them is in is "resolved" a claim
                 planned = sorted(set(seeds(rung, a)) & set(seeds(rung, b)))
@@ -536,19 +560,22 @@ def tables(summary: dict) -> str:
         rows = summary[rung]["rows"]
         lines += [f"### {rung} bytes per run", "",
                   "| method | seeds | " + " | ".join(f"{SET_NAMES[e]} bpb (rate)" for e in SETS)
-                  + " | train FLOPs/byte | ws recall |", "|" + "---|" * (len(SETS) + 4)]
+                  + " | train FLOPs/byte | FLOPs/byte at the test rate | ws recall |", "|" + "---|" * (len(SETS) + 5)]
         for tag in [t for t in list(VARIANTS) + list(ABLATIONS) if t in rows]:
             s = rows[tag]
             cells = [f"{_fmt(s[e]['bpb'])} ± {_fmt(s[e]['bpb_se'])} ({_fmt(s[e]['rate'], 3)}{_matched(s[e])})" for e in SETS]
             lines.append(f"| {tag} | {len(s['seeds'])} | " + " | ".join(cells)
-                         + f" | {_fmt((s['flops_per_byte_train'] or float('nan')) / 1e6, 2)}M | {_fmt(s['whitespace_recall'], 3)} |")
+                         + f" | {_fmt((s['flops_per_byte_train'] or float('nan')) / 1e6, 2)}M"
+                         + f" | {_fmt((s['test'].get('flops_per_byte') or float('nan')) / 1e6, 2)}M | {_fmt(s['whitespace_recall'], 3)} |")
         lines += ["", f"#### {rung}: pre-registered comparisons (paired over seeds, two-sided t, n − 1 df)", "",
-                  "| comparison | set | seeds | Δ bpb | SE | 95% CI | p | resolved |", "|---|---|---|---|---|---|---|---|"]
+                  "| comparison | set | seeds | Δ bpb | SE | 95% CI | p | resolved | SE over documents (docs) |",
+                  "|---|---|---|---|---|---|---|---|---|"]
         for t in summary[rung]["comparisons"]:
             ci = f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]" if t["ci95"] else "—"
             p = "—" if t["p"] is None else f"{t['p']:.3g}"
+            docs = f"{_fmt(t['se_docs'])} ({t['docs']})" if "se_docs" in t else "—"
             lines.append(f"| {t['method']} − {t['reference']} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
-                         f"| {ci} | {p} | {_verdict(t, rung)} |")
+                         f"| {ci} | {p} | {_verdict(t, rung)} | {docs} |")
         lines.append("")
     lines.append("bpb: mean over seeds ± SE over seeds; rate: mean boundaries per byte on that set (routers with a "
                  "knob calibrated to r* = 0.2 on a held-out slice of the set's domain first; ⁱ: for at least one "
@@ -556,7 +583,9 @@ def tables(summary: dict) -> str:
                  "two scorings, ᵉ: the same from two points on one side; ᵐ: for at least one seed, measured "
                  "before that reading existed, the calibrated rate missed by more than 0.005 and was read as "
                  "it stands). rl-bpe-rate is matched to bpe's rate on each set instead. A comparison is "
-                 "resolved only at p < 0.05, and is pending until both rows have every seed it pairs (the seeds both plan).")
+                 "resolved only at p < 0.05, and is pending until both rows have every seed it pairs (the seeds both plan). "
+                 "SE over documents: each document's Δ averaged over the paired seeds, SE over the documents; "
+                 "a second figure that measures the documents, not the training runs, and decides nothing.")
     return "\n".join(lines)
 
 
@@ -600,7 +629,25 @@ def readme_summary(summary: dict) -> str:
     resolved = [f"{t['method']} − {t['reference']} ({t['set']})" for (a, b, e), t in tests.items()
                 if (a, b) in pairs and e in README_SETS and t["resolved"]]
     lines += ["", f"Resolved at p < 0.05: {', '.join(resolved) or 'none'}."]
+    unmatched = [n for n in (_unmatched(summary[rung]["rows"], a, b) for a, b in pairs) if n]
+    if unmatched:
+        lines += ["", "Not matched (rates: boundaries or tokens per byte; FLOPs: per training byte): "
+                  + "; ".join(unmatched) + "."]
     return "\n".join(lines)
+
+
+def _unmatched(rows: dict, a: str, b: str) -> str | None:
+    """What a comparison does not match, read from the rows: the rate on a README set where the two
+    differ by more than 0.01, training FLOPs per byte where they differ by more than 5%."""
+    notes = []
+    for e in README_SETS:
+        ra, rb = rows[a][e].get("rate"), rows[b][e].get("rate")
+        if ra is not None and rb is not None and abs(ra - rb) > 0.01:
+            notes.append(f"rate on {e} {ra:.3f} vs {rb:.3f}")
+    fa, fb = rows[a].get("flops_per_byte_train"), rows[b].get("flops_per_byte_train")
+    if fa and fb and abs(fa / fb - 1) > 0.05:
+        notes.append(f"training FLOPs/byte {fa / 1e6:.2f}M vs {fb / 1e6:.2f}M")
+    return f"{a} − {b}: {', '.join(notes)}" if notes else None
 
 
 def write_readme_block(readme: Path, block: str) -> bool:
@@ -667,8 +714,9 @@ def plot(summary: dict, cells: list[dict], out: Path):
             continue
         # rows side by side at each budget (a small horizontal dodge), or their error bars overlap
         x = [p[0] * 2 ** (0.025 * (i - len(tags) / 2)) for p in pts]
+        at = f" (at {PARTNER_OF[tag]}'s rate)" if tag in PARTNER_OF else " (at its tokens' rate)" if tag == "bpe" else ""
         axes[2].errorbar(x, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o" if tag == "rl" else "s",
-                         capsize=2, label=f"{tag} − uniform", color=col, lw=2.2 if tag == "rl" else 1.2)
+                         capsize=2, label=f"{tag} − uniform{at}", color=col, lw=2.2 if tag == "rl" else 1.2)
     for a in axes:
         a.set_xscale("log", base=2)
         a.grid(alpha=0.3)
@@ -699,6 +747,20 @@ def plot(summary: dict, cells: list[dict], out: Path):
     return fig
 
 
+def corpus_lines(leak: dict) -> str:
+    """What the study trains and scores on, read from leakage.json: the training mixture, each
+    split's documents by source, and the test split's 64-byte segments found in training."""
+    if not leak.get("splits"):
+        return ""
+    sp, mix = leak["splits"], leak.get("mixture", {})
+    def docs(split):
+        return ", ".join(f"{k} {v['docs']:,} documents ({v['bytes'] / 1e6:.1f} MB)" for k, v in sp[split].items() if k != "total")
+    return (f"Corpus: prose (`--data prose`). Training split by bytes: "
+            + ", ".join(f"{k} {v:.1%}" for k, v in mix.items()) + f". Test split: {docs('test')}; "
+            f"validation: {docs('val')}. Test 64-byte segments found verbatim in training: "
+            f"{leak['test_segments_in_train']:.3%}.\n\n")
+
+
 def results_json(leak: dict, summary: dict, cells: list[dict]) -> str:
     """The published record, strict JSON: the cell records keep Python's NaN where a value does
     not exist (a byte model's rate), results.json says null."""
@@ -715,7 +777,7 @@ def cmd_report(args) -> int:
     leak = json.loads((OUT / "leakage.json").read_text()) if (OUT / "leakage.json").is_file() else {}
     (OUT / "results.json").write_text(results_json(leak, summary, cells))
     (OUT / "tables.md").write_text("# Prose study tables (generated by tools/study_prose.py report)\n\n"
-                                   + tables(summary) + "\n")
+                                   + corpus_lines(leak) + tables(summary) + "\n")
     plot(summary, cells, OUT / "ladder.png")
     # the README of the checkout these results belong to (OUT is its results/study-prose)
     readme = " and README.md's summary" if write_readme_block(OUT.parent.parent / "README.md", readme_summary(summary)) else ""

@@ -22,7 +22,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 STUDIES = {"v2 (technical docs)": HERE.parent / "study" / "runs", "prose": HERE / "runs"}
-ROWS = ("rl", "rl-penalty")
+ROWS = ("rl", "rl-penalty", "rl-bpe-rate")  # rl-bpe-rate: the same anti-windup controller, at bpe's rate
 
 
 def trajectory(run: Path) -> dict | None:
@@ -101,7 +101,7 @@ def plot(rows: list[dict], out: Path) -> None:
             if r["study"] != s or r["rung"] != rung:
                 continue
             tr = r["traj"]["train"]
-            ls = "-" if r["tag"] == "rl" else ":"
+            ls = {"rl": "-", "rl-penalty": ":"}.get(r["tag"], "--")
             lab = f"{r['tag']} s{r['seed']}"
             axes[0, j].plot(tr[:, 0] / 1e6, tr[:, 1], ls, color=colors.get(r["seed"], "k"), label=lab, lw=1)
             axes[1, j].plot(tr[:, 0] / 1e6, _smooth(tr[:, 2]), ls, color=colors.get(r["seed"], "k"), label=lab, lw=1)
@@ -113,7 +113,7 @@ def plot(rows: list[dict], out: Path) -> None:
         axes[1, j].legend(fontsize=7)
     axes[0, 0].set_ylabel("controller offset (logit)")
     axes[1, 0].set_ylabel("whitespace recall (training batches)")
-    fig.suptitle("rl's integral controller: offset and whitespace recall over training (solid: rl, dotted: rl-penalty)",
+    fig.suptitle("rl's integral controller: offset and whitespace recall over training (solid: rl, dotted: rl-penalty, dashed: rl-bpe-rate)",
                  fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
