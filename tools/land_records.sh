@@ -1,6 +1,6 @@
 #!/bin/bash
 # Commit the queue's finished records (tools/queue.sh): new prose-study cells (with the study's
-# report and README block regenerated) and new frontier points (with the frontier report), one
+# report, README block and windup trace regenerated) and new frontier points (with the frontier report), one
 # commit whose message names each new record and its numbers. Run from anywhere; nothing to land:
 # says so and exits 0.
 cd "$(dirname "$0")/.." || exit 1
@@ -8,6 +8,8 @@ PY=.venv/bin/python
 msg=""
 if [ -n "$(git status --porcelain results/study-prose)" ]; then
   RLTOK_SHARED_DATA=../shared/data OMP_NUM_THREADS=1 $PY tools/study_prose.py report >/dev/null || exit 1
+  # the controller's trace (issue 36: bounded over 32 MB, shown) from the runs' committed metrics
+  OMP_NUM_THREADS=1 $PY results/study-prose/windup.py >/dev/null || exit 1
   git add results/study-prose README.md
   cells=$($PY - <<'PYEOF'
 import json, subprocess
