@@ -631,11 +631,9 @@ def summarize(cells: list[dict]) -> dict:
                     s[key] = {"mean": float(np.mean(d)), "se_seeds": _se(d), "seeds": len(d)}
                     # per document (each document's difference averaged over the shared seeds):
                     # resolves smaller differences, but measures the documents, not the training runs
-                    per = [np.subtract(c[ev]["per_doc_bpb"], ref[c["seed"]][ev]["per_doc_bpb"])
-                           for c in cs if c["seed"] in ref and "per_doc_bpb" in c[ev]]
-                    if per and len({len(x) for x in per}) == 1:
-                        dd = np.mean(per, axis=0)
-                        s[key].update(mean_docs=float(dd.mean()), se_docs=_se(dd), docs=len(dd))
+                    both = [c for c in cs if c["seed"] in ref and "per_doc_bpb" in c[ev]]
+                    s[key].update(per_document_delta([c[ev]["per_doc_bpb"] for c in both],
+                                                     [ref[c["seed"]][ev]["per_doc_bpb"] for c in both]))
             s["rate_per_seed"] = [c.get("rate") for c in cs]
             s["calibrated_seeds"] = sum(bool(c.get("at_rate")) for c in cs)
             for k in ("rate", "train_rate", "train_rate_late", "flops_per_byte", "params", "epochs"):
@@ -660,6 +658,21 @@ def summarize(cells: list[dict]) -> dict:
                     holds_rate(_num(c.get("rate")), _num(c.get("train_rate_late")), s["target_rate"]) for c in cs)
             out.setdefault(rung, {})[tag] = s
     return out
+
+
+def per_document_delta(per_a: list, per_b: list) -> dict:
+    """The second figure of a paired comparison: each document's a − b averaged over the paired
+    seeds (per_a[k], per_b[k]: seed k's per-document bits/byte), its mean and SE over documents;
+    {} without pairs or when the seeds' document lists differ in length."""
+    import numpy as np
+
+    from rltok.evaluate import standard_error
+
+    per = [np.subtract(x, y) for x, y in zip(per_a, per_b)]
+    if not per or len({len(x) for x in per}) != 1:
+        return {}
+    dd = np.mean(per, axis=0)
+    return {"mean_docs": float(dd.mean()), "se_docs": standard_error(dd), "docs": len(dd)}
 
 
 def paired_test(a: list[float], b: list[float]) -> dict:

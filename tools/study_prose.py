@@ -508,11 +508,10 @@ def summarize(cells: list[dict]) -> dict:
                 t = v2.paired_test(pa, pb)
                 # the second figure: each document's difference averaged over the paired seeds, SE
                 # over documents (it measures the documents, not the training runs)
-                per = [np.subtract(tags[a][k][ev]["per_doc_bpb"], tags[b][k][ev]["per_doc_bpb"]) for k in common
-                       if "per_doc_bpb" in tags[a][k].get(ev, {}) and "per_doc_bpb" in tags[b][k].get(ev, {})]
-                if per and len(per) == len(pa) and len({len(x) for x in per}) == 1:
-                    dd = np.mean(per, axis=0)
-                    t.update(mean_docs=float(dd.mean()), se_docs=se(dd.tolist()), docs=len(dd))
+                both = [k for k in common if "per_doc_bpb" in tags[a][k].get(ev, {}) and "per_doc_bpb" in tags[b][k].get(ev, {})]
+                if len(both) == len(pa):  # every seed the t-test pairs
+                    t.update(v2.per_document_delta([tags[a][k][ev]["per_doc_bpb"] for k in both],
+                                                   [tags[b][k][ev]["per_doc_bpb"] for k in both]))
                 # the test pairs seeds both rows plan (rl's five against rl-penalty's three: three
                 # pairs); only once every one of them is in is "resolved" a claim
                 planned = sorted(set(seeds(rung, a)) & set(seeds(rung, b)))
@@ -546,12 +545,11 @@ def _matched(entry: dict) -> str:
             + ("ᵐ" if entry.get("missed_seeds") else ""))
 
 
-def _verdict(t: dict, rung: str) -> str:
+def _verdict(t: dict) -> str:
     """yes / no once both rows have every seed the test pairs; until then, pending with the seeds in."""
     if t.get("complete", True):
         return "yes" if t["resolved"] else "no"
-    planned = t.get("planned_seeds") or sorted(set(seeds(rung, t["method"])) & set(seeds(rung, t["reference"])))
-    return f"pending ({t['n']} of {len(planned)} seeds)"
+    return f"pending ({t['n']} of {len(t['planned_seeds'])} seeds)"
 
 
 def tables(summary: dict) -> str:
@@ -575,7 +573,7 @@ def tables(summary: dict) -> str:
             p = "—" if t["p"] is None else f"{t['p']:.3g}"
             docs = f"{_fmt(t['se_docs'])} ({t['docs']})" if "se_docs" in t else "—"
             lines.append(f"| {t['method']} − {t['reference']} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
-                         f"| {ci} | {p} | {_verdict(t, rung)} | {docs} |")
+                         f"| {ci} | {p} | {_verdict(t)} | {docs} |")
         lines.append("")
     lines.append("bpb: mean over seeds ± SE over seeds; rate: mean boundaries per byte on that set (routers with a "
                  "knob calibrated to r* = 0.2 on a held-out slice of the set's domain first; ⁱ: for at least one "
@@ -668,12 +666,10 @@ def write_readme_block(readme: Path, block: str) -> bool:
 DELTA_OFF_SCALE = ("bpe-lm", "bpe-lm-neox")
 
 
-def _delta_vs_uniform(cells: list[dict], rungs: list[str], tag: str) -> list[tuple]:
-    """(bytes, mean, SE over seeds, seeds, rung) of tag − uniform on the test split, paired by seed."""
+def _delta_vs_uniform(by: dict, rungs: list[str], tag: str) -> list[tuple]:
+    """(bytes, mean, SE over seeds, seeds, rung) of tag − uniform on the test split, paired by seed
+    (by: (rung, tag) -> seed -> test bits/byte)."""
     import numpy as np
-    by: dict = {}
-    for c in cells:
-        by.setdefault((c["rung"], c["tag"]), {})[c["seed"]] = c["test"]["bpb"]
     pts = []
     for r in rungs:
         a, u = by.get((r, tag), {}), by.get((r, "uniform"), {})
@@ -696,6 +692,9 @@ def plot(summary: dict, cells: list[dict], out: Path):
     rungs = sorted(summary, key=RUNGS.get)
     tags = [t for t in VARIANTS if any(t in summary[r]["rows"] for r in rungs)]
     fig, axes = plt.subplots(1, 3, figsize=(18, 6.2))
+    by: dict = {}
+    for c in cells:
+        by.setdefault((c["rung"], c["tag"]), {})[c["seed"]] = c["test"]["bpb"]
     off = []
     for i, tag in enumerate(tags):
         col = plt.cm.tab20(i % 20)
@@ -706,7 +705,7 @@ def plot(summary: dict, cells: list[dict], out: Path):
         fl = [(s["flops_per_byte_train"] or np.nan) * RUNGS[r] for s, r in zip(rows, rs)]
         axes[1].errorbar(fl, [s["test"]["bpb"] for s in rows], yerr=np.nan_to_num([s["test"]["bpb_se"] for s in rows]),
                          marker="o", capsize=2, label=tag, color=col)
-        pts = [] if tag == "uniform" else _delta_vs_uniform(cells, rungs, tag)
+        pts = [] if tag == "uniform" else _delta_vs_uniform(by, rungs, tag)
         if not pts:
             continue
         if tag in DELTA_OFF_SCALE:
