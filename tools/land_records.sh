@@ -19,7 +19,8 @@ out = []
 for f in files:
     c = json.load(open(f))
     t = c["test"]
-    at = f" at rate {t['rate']:.3f}" if t.get("rate") is not None else ""  # bytes has no boundaries
+    r = t.get("rate")
+    at = f" at rate {r:.3f}" if r is not None and r == r else ""  # a flat LM has no boundaries (null or NaN)
     out.append(f"{c['rung']} {c['tag']} s{c['seed']} (test {t['bpb']:.4f}{at}, C4 {c['c4']['bpb']:.4f})")
 print("; ".join(out))
 PYEOF
