@@ -12,15 +12,16 @@ if [ -n "$(git status --porcelain results/study-prose)" ]; then
   OMP_NUM_THREADS=1 $PY results/study-prose/windup.py >/dev/null || exit 1
   git add results/study-prose README.md
   cells=$($PY - <<'PYEOF'
-import json, subprocess
+import json, subprocess, sys
+sys.path.insert(0, "tools")
+from study_prose import _no_rate  # the report's rule: a flat LM's rate is null or NaN
 files = subprocess.run(["git", "diff", "--cached", "--name-only", "--diff-filter=A", "results/study-prose/cells"],
                        capture_output=True, text=True).stdout.split()
 out = []
 for f in files:
     c = json.load(open(f))
     t = c["test"]
-    r = t.get("rate")
-    at = f" at rate {r:.3f}" if r is not None and r == r else ""  # a flat LM has no boundaries (null or NaN)
+    at = "" if _no_rate(t) else f" at rate {t['rate']:.3f}"
     out.append(f"{c['rung']} {c['tag']} s{c['seed']} (test {t['bpb']:.4f}{at}, C4 {c['c4']['bpb']:.4f})")
 print("; ".join(out))
 PYEOF
