@@ -92,8 +92,11 @@ def test_the_plan_runs_every_cell_once_with_the_comparisons_rows_first(sp):
     last_core_8m = max(pos[c] for c in cells if c[0] == "8M" and c[1] in sp.CORE_8M)
     first_32m = min(pos[c] for c in cells if c[0] == "32M")
     last_32m = max(pos[c] for c in cells if c[0] == "32M")
-    first_extra = min(pos[c] for c in cells if c[0] == "8M" and c[1] not in sp.CORE_8M)
+    first_extra = min(pos[c] for c in cells if c[0] == "8M" and c[1] not in sp.CORE_8M + sp.DTYPE_CHECK)
     assert last_core_8m < first_32m and last_32m < first_extra
+    # the dtype check (rl pinned to fp32, 3 seeds) runs before the 32 MB rung whose cells it qualifies
+    check = [pos[("8M", "rl-fp32", s)] for s in (1, 2, 3)]
+    assert last_core_8m < min(check) and max(check) < first_32m and ("8M", "rl-fp32", 4) not in pos
     assert pos[("8M", "abl-w8", 1)] > pos[("32M", "rl", 5)]
     # within a tier, seed by seed: seed 2 of any core row after seed 1 of every core row
     assert min(pos[("8M", t, 2)] for t in sp.CORE_8M) > max(pos[("8M", t, 1)] for t in sp.CORE_8M)
@@ -250,3 +253,36 @@ def test_the_tables_say_what_the_corpus_is_from_the_leakage_record(sp):
     text = sp.corpus_lines(leak)
     assert "gutenberg 57.9%, wikipedia 42.1%" in text and "wikipedia 8 documents (1.0 MB)" in text and "0.089%" in text
     assert sp.corpus_lines({}) == ""
+
+
+def test_provenance_records_a_landed_cells_dtype_once_and_counts_the_unrecorded(sp, tmp_path):
+    """A cell whose run (summary.json) is on this machine gets its dtype and this CPU; a cell
+    whose run is gone stays unrecorded; an entry, once written, is not overwritten."""
+    import json
+    out, runs = tmp_path / "results", tmp_path / "runs"
+    for key in ("32M/rl_s1", "32M/bpe_s1"):
+        (out / "cells" / key).parent.mkdir(parents=True, exist_ok=True)
+        (out / "cells" / f"{key}.json").write_text("{}")
+    (runs / "32M" / "rl_s1").mkdir(parents=True)
+    (runs / "32M" / "rl_s1" / "summary.json").write_text(json.dumps({"finished": True, "dtype": "fp32"}))
+    here = {"cpu": "AMD EPYC", "bf16_instructions": False, "torch": "2.13.0+cpu"}
+    assert sp.record_provenance(out, runs, here) == ["32M/rl_s1"]
+    prov = json.loads((out / sp.PROVENANCE).read_text())
+    assert prov == {"32M/rl_s1": {"dtype": "fp32", **here}}
+    # the same run summary read on another machine later must not rewrite what was recorded
+    assert sp.record_provenance(out, runs, {"cpu": "other"}) == []
+    assert json.loads((out / sp.PROVENANCE).read_text()) == prov
+    cells = [{"rung": "32M", "tag": "rl", "seed": 1}, {"rung": "32M", "tag": "bpe", "seed": 1},
+             {"rung": "8M", "tag": "rl", "seed": 1}]
+    text = sp.provenance_lines(cells, prov)
+    assert "8M: 1 unrecorded; 32M: 1 fp32, 1 unrecorded." in text
+    assert '"provenance": {"32M/rl_s1"' in sp.results_json({}, {}, [], prov)
+
+
+def test_the_dtype_check_pairs_rl_fp32_with_rl_and_is_marked_not_preregistered(sp):
+    cells = [{**_cell(t, s, b + 0.001 * s), "rung": "8M"} for t, b in (("rl", 2.0), ("rl-fp32", 2.01)) for s in (1, 2, 3)]
+    tests = [t for t in sp.summarize(cells)["8M"]["comparisons"] if t["set"] == "test"]
+    assert [(t["method"], t["reference"], t["preregistered"]) for t in tests] == [("rl-fp32", "rl", False)]
+    assert abs(tests[0]["mean"] - 0.01) < 1e-9 and tests[0]["complete"]
+    assert "rl-fp32 − rl (check, added later) | test" in sp.tables(sp.summarize(cells))
+    assert "train.dtype=fp32" in sp.variants()["rl-fp32"][1]

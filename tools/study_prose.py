@@ -4,6 +4,7 @@ documents scored, rates matched on every evaluation set, five seeds where the an
     python tools/study_prose.py run --rungs 2M --jobs 2          # train + measure (resumable)
     python tools/study_prose.py plan --rungs 2M,8M,32M           # cells, done or not
     python tools/study_prose.py report                           # results.json, tables, plots, README block
+    python tools/study_prose.py provenance                       # each landed cell's dtype and CPU
 
 From a frozen checkout, point it at the live one's folders: RLTOK_STUDY_RESULTS=results/study-prose
 RLTOK_STUDY_RUNS=runs/study-prose RLTOK_SHARED_DATA=../shared/data (as tools/study.py).
@@ -89,6 +90,12 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     # paper's rate control only
     "rl-2stage-deep": ("rl", ["model.stages=2", "model.main_layers=6", "boundary.inner_baseline=early", *HOLD]),
     "rl-2stage-penalty": ("rl", ["model.stages=2"]),
+    # added 2026-12-08 (78 cells done): the compute dtype is a machine's choice (train.dtype=auto),
+    # and the study's machines changed mid-rung: the 8 and 32 MB cells so far trained at 7.4-10.6
+    # kB/s, the pace of the bf16 machines, while an AVX2-only machine trains in fp32 at ~3.5 kB/s.
+    # rl pinned to fp32, paired by seed with the rung's rl cells, says how much a change of dtype
+    # moves a cell (CHECKS); it is not a method
+    "rl-fp32": ("rl", [*HOLD, "train.dtype=fp32"]),
 }
 PARTNER_OF = {"rl-bpe-rate": "bpe"}  # tag -> the cell whose rates it is trained and evaluated at
 ABLATIONS: dict[str, tuple[str, list[str]]] = {  # the paper's six, each against rl-penalty
@@ -153,8 +160,9 @@ def variants() -> dict[str, tuple[str, list[str]]]:
 # bytes-params) or serve comparison 9 (the six ablations): those are the rows dropped if the study
 # has to stop short. Decided on cost and role alone (2026-12-05, 7 of 78 cells at 8 MB done).
 CORE_8M = (*TOP, "entropy", "bpe-lm-neox")
-TIERS = (("2M", TOP), ("8M", CORE_8M), ("32M", LADDER["32M"]),
-         ("8M", tuple(t for t in LADDER["8M"] if t not in CORE_8M)))
+DTYPE_CHECK = ("rl-fp32",)
+TIERS = (("2M", TOP), ("8M", CORE_8M), ("8M", DTYPE_CHECK), ("32M", LADDER["32M"]),
+         ("8M", tuple(t for t in LADDER["8M"] if t not in CORE_8M + DTYPE_CHECK)))
 
 
 def plan(rungs: list[str]) -> list[tuple[str, str, int]]:
@@ -446,6 +454,8 @@ COMPARISONS = [("rl", "uniform"), ("rl", "nawrot"), ("rl", "hnet"), ("rl", "bpe"
                ("rl", "bytes"), ("rl", "bpe-lm"), ("hnet", "nawrot"), ("rl", "entropy"),
                ("rl-bpe-rate", "bpe"), ("rl", "bpe-lm-neox"), ("bpe-lm-neox", "bpe-lm")
                ] + [(a, "rl-penalty") for a in ABLATIONS]
+# checks added after the design, reported beside the comparisons and marked so (not pre-registered)
+CHECKS = [("rl-fp32", "rl")]
 
 
 def _no_rate(entry: dict) -> bool:
@@ -498,7 +508,7 @@ def summarize(cells: list[dict]) -> dict:
             s["whitespace_recall"] = float(np.mean([c["test"]["whitespace_recall"] for c in cs.values()]))
             rows[tag] = s
         tests = []
-        for a, b in COMPARISONS:
+        for a, b in COMPARISONS + CHECKS:
             if a not in tags or b not in tags:
                 continue
             common = sorted(set(tags[a]) & set(tags[b]))
@@ -516,6 +526,7 @@ def summarize(cells: list[dict]) -> dict:
                 # pairs); only once every one of them is in is "resolved" a claim
                 planned = sorted(set(seeds(rung, a)) & set(seeds(rung, b)))
                 t.update(method=a, reference=b, set=ev, seeds=common, planned_seeds=planned,
+                         preregistered=(a, b) in COMPARISONS,
                          resolved=t["p"] is not None and t["p"] < 0.05,
                          complete=set(planned) <= set(common))
                 tests.append(t)
@@ -572,7 +583,8 @@ def tables(summary: dict) -> str:
             ci = f"[{t['ci95'][0]:+.4f}, {t['ci95'][1]:+.4f}]" if t["ci95"] else "—"
             p = "—" if t["p"] is None else f"{t['p']:.3g}"
             docs = f"{_fmt(t['se_docs'])} ({t['docs']})" if "se_docs" in t else "—"
-            lines.append(f"| {t['method']} − {t['reference']} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
+            check = "" if t.get("preregistered", True) else " (check, added later)"
+            lines.append(f"| {t['method']} − {t['reference']}{check} | {t['set']} | {t['n']} | {t['mean']:+.4f} | {_fmt(t['se'])} "
                          f"| {ci} | {p} | {_verdict(t)} | {docs} |")
         lines.append("")
     lines.append("bpb: mean over seeds ± SE over seeds; rate: mean boundaries per byte on that set (routers with a "
@@ -690,7 +702,7 @@ def plot(summary: dict, cells: list[dict], out: Path):
     import numpy as np
 
     rungs = sorted(summary, key=RUNGS.get)
-    tags = [t for t in VARIANTS if any(t in summary[r]["rows"] for r in rungs)]
+    tags = [t for t in VARIANTS if t not in DTYPE_CHECK and any(t in summary[r]["rows"] for r in rungs)]
     fig, axes = plt.subplots(1, 3, figsize=(18, 6.2))
     by: dict = {}
     for c in cells:
@@ -760,11 +772,65 @@ def corpus_lines(leak: dict) -> str:
             f"{leak['test_segments_in_train']:.3%}.\n\n")
 
 
-def results_json(leak: dict, summary: dict, cells: list[dict]) -> str:
+# Per cell, what it ran on: the compute dtype (``train.dtype=auto`` picks bf16 or fp32 by the CPU,
+# rltok/precision.py) and the CPU. The run's summary.json says the dtype, but runs/ does not
+# survive a change of machine and is not committed, so `provenance` copies it here when a cell
+# lands. Cells landed before 2026-12-08 (78 of them) predate this file: their dtype is unrecorded.
+PROVENANCE = "provenance.json"
+
+
+def this_machine() -> dict:
+    """The CPU this process runs on: model name and whether it has native bf16 instructions."""
+    import platform
+
+    import torch
+
+    from rltok.precision import cpu_has_bf16_instructions, cpu_model
+    return {"cpu": cpu_model() or platform.machine(), "bf16_instructions": cpu_has_bf16_instructions(),
+            "torch": torch.__version__}
+
+
+def record_provenance(out: Path, runs: Path, machine: dict) -> list[str]:
+    """Add each finished cell without an entry in OUT/provenance.json whose run directory (under
+    RUNS) holds a summary.json: its dtype, and ``machine`` (this one: a run directory never outlives
+    its machine). Returns the keys added; cells with no run here stay unrecorded."""
+    path = out / PROVENANCE
+    known = json.loads(path.read_text()) if path.is_file() else {}
+    added = []
+    for cell in sorted((out / "cells").glob("*/*.json")):
+        key = f"{cell.parent.name}/{cell.stem}"
+        summary = runs / cell.parent.name / cell.stem / "summary.json"
+        if key in known or not summary.is_file():
+            continue
+        known[key] = {"dtype": json.loads(summary.read_text()).get("dtype"), **machine}
+        added.append(key)
+    if added:
+        path.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
+    return added
+
+
+def provenance_lines(cells: list[dict], provenance: dict) -> str:
+    """Per rung, how many cells ran in each compute dtype, and how many predate the record."""
+    lines = []
+    for rung in sorted({c["rung"] for c in cells}, key=RUNGS.get):
+        keys = [f"{c['rung']}/{c['tag']}_s{c['seed']}" for c in cells if c["rung"] == rung]
+        counts: dict[str, int] = {}
+        for k in keys:
+            d = (provenance.get(k) or {}).get("dtype") or "unrecorded"
+            counts[d] = counts.get(d, 0) + 1
+        lines.append(f"{rung}: " + ", ".join(f"{n} {d}" for d, n in sorted(counts.items())))
+    if not lines:
+        return ""
+    return ("Compute dtype per cell (provenance.json; bf16 or fp32 as `train.dtype=auto` chose on the "
+            "cell's CPU; cells landed before the record began are unrecorded): " + "; ".join(lines) + ".\n\n")
+
+
+def results_json(leak: dict, summary: dict, cells: list[dict], provenance: dict | None = None) -> str:
     """The published record, strict JSON: the cell records keep Python's NaN where a value does
     not exist (a byte model's rate), results.json says null."""
     from rltok.checkpoint import finite_or_null
-    return json.dumps(finite_or_null({"leakage": leak, "summary": summary, "cells": cells}), allow_nan=False) + "\n"
+    record = {"leakage": leak, "summary": summary, "cells": cells, "provenance": provenance or {}}
+    return json.dumps(finite_or_null(record), allow_nan=False) + "\n"
 
 
 def cmd_report(args) -> int:
@@ -774,13 +840,20 @@ def cmd_report(args) -> int:
         return 2
     summary = summarize(cells)
     leak = json.loads((OUT / "leakage.json").read_text()) if (OUT / "leakage.json").is_file() else {}
-    (OUT / "results.json").write_text(results_json(leak, summary, cells))
+    prov = json.loads((OUT / PROVENANCE).read_text()) if (OUT / PROVENANCE).is_file() else {}
+    (OUT / "results.json").write_text(results_json(leak, summary, cells, prov))
     (OUT / "tables.md").write_text("# Prose study tables (generated by tools/study_prose.py report)\n\n"
-                                   + corpus_lines(leak) + tables(summary) + "\n")
+                                   + corpus_lines(leak) + provenance_lines(cells, prov) + tables(summary) + "\n")
     plot(summary, cells, OUT / "ladder.png")
     # the README of the checkout these results belong to (OUT is its results/study-prose)
     readme = " and README.md's summary" if write_readme_block(OUT.parent.parent / "README.md", readme_summary(summary)) else ""
     print(f"wrote {OUT}/results.json, tables.md, ladder.png{readme} ({len(cells)} cells)")
+    return 0
+
+
+def cmd_provenance(args) -> int:
+    added = record_provenance(OUT, RUNS, this_machine())
+    print(f"{OUT / PROVENANCE}: " + (", ".join(added) if added else "nothing new"))
     return 0
 
 
@@ -802,6 +875,7 @@ def main(argv=None) -> int:
     c.add_argument("seed", type=int)
     c.set_defaults(func=cmd_cell)
     sub.add_parser("report").set_defaults(func=cmd_report)
+    sub.add_parser("provenance", help="record the dtype and CPU of cells whose runs are here").set_defaults(func=cmd_provenance)
     args = p.parse_args(argv)
     return args.func(args)
 
