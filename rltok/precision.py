@@ -89,12 +89,6 @@ def _cpuinfo() -> tuple[str, frozenset[str]] | None:
     return None
 
 
-def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (e.g. ``AMD EPYC``), None where unreadable."""
-    info = _cpuinfo()
-    return None if info is None else info[0] or None
-
-
 def cpu_has_bf16_instructions() -> bool | None:
     """True where the CPU advertises native bf16 arithmetic (AVX-512-BF16 or AMX-BF16), False
     where it does not, None where the flags cannot be read (not Linux x86)."""

@@ -255,28 +255,16 @@ def test_the_tables_say_what_the_corpus_is_from_the_leakage_record(sp):
     assert sp.corpus_lines({}) == ""
 
 
-def test_provenance_records_a_landed_cells_dtype_once_and_counts_the_unrecorded(sp, tmp_path):
-    """A cell whose run (summary.json) is on this machine gets its dtype and this CPU; a cell
-    whose run is gone stays unrecorded; an entry, once written, is not overwritten."""
+def test_the_tables_count_each_rungs_cells_by_the_dtype_their_run_summaries_record(sp, tmp_path):
     import json
-    out, runs = tmp_path / "results", tmp_path / "runs"
-    for key in ("32M/rl_s1", "32M/bpe_s1"):
-        (out / "cells" / key).parent.mkdir(parents=True, exist_ok=True)
-        (out / "cells" / f"{key}.json").write_text("{}")
-    (runs / "32M" / "rl_s1").mkdir(parents=True)
-    (runs / "32M" / "rl_s1" / "summary.json").write_text(json.dumps({"finished": True, "dtype": "fp32"}))
-    here = {"cpu": "AMD EPYC", "bf16_instructions": False, "torch": "2.13.0+cpu"}
-    assert sp.record_provenance(out, runs, here) == ["32M/rl_s1"]
-    prov = json.loads((out / sp.PROVENANCE).read_text())
-    assert prov == {"32M/rl_s1": {"dtype": "fp32", **here}}
-    # the same run summary read on another machine later must not rewrite what was recorded
-    assert sp.record_provenance(out, runs, {"cpu": "other"}) == []
-    assert json.loads((out / sp.PROVENANCE).read_text()) == prov
-    cells = [{"rung": "32M", "tag": "rl", "seed": 1}, {"rung": "32M", "tag": "bpe", "seed": 1},
-             {"rung": "8M", "tag": "rl", "seed": 1}]
-    text = sp.provenance_lines(cells, prov)
-    assert "8M: 1 unrecorded; 32M: 1 fp32, 1 unrecorded." in text
-    assert '"provenance": {"32M/rl_s1"' in sp.results_json({}, {}, [], prov)
+    for key, dtype in (("32M/rl_s1", "fp32"), ("32M/rl_s2", "bf16"), ("32M/uniform_s1", "bf16")):
+        (tmp_path / "runs" / key).mkdir(parents=True)
+        (tmp_path / "runs" / key / "summary.json").write_text(json.dumps({"finished": True, "dtype": dtype}))
+    cells = [{"rung": "32M", "tag": t, "seed": s} for t, s in (("rl", 1), ("rl", 2), ("uniform", 1), ("bpe", 1))]
+    cells.append({"rung": "8M", "tag": "rl", "seed": 1})
+    text = sp.dtype_lines(cells, tmp_path)
+    assert "8M: 1 no summary; 32M: 2 bf16, 1 fp32, 1 no summary." in text
+    assert sp.dtype_lines([], tmp_path) == ""
 
 
 def test_the_dtype_check_pairs_rl_fp32_with_rl_and_is_marked_not_preregistered(sp):

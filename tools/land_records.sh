@@ -7,8 +7,6 @@ cd "$(dirname "$0")/.." || exit 1
 PY=.venv/bin/python
 msg=""
 if [ -n "$(git status --porcelain results/study-prose)" ]; then
-  # each new cell's compute dtype and CPU, from its run here (runs/ does not outlive the machine)
-  OMP_NUM_THREADS=1 $PY tools/study_prose.py provenance >/dev/null || exit 1
   RLTOK_SHARED_DATA=../shared/data OMP_NUM_THREADS=1 $PY tools/study_prose.py report >/dev/null || exit 1
   # the controller's trace (issue 36: bounded over 32 MB, shown) from the runs' committed metrics
   OMP_NUM_THREADS=1 $PY results/study-prose/windup.py >/dev/null || exit 1

@@ -4,7 +4,6 @@ documents scored, rates matched on every evaluation set, five seeds where the an
     python tools/study_prose.py run --rungs 2M --jobs 2          # train + measure (resumable)
     python tools/study_prose.py plan --rungs 2M,8M,32M           # cells, done or not
     python tools/study_prose.py report                           # results.json, tables, plots, README block
-    python tools/study_prose.py provenance                       # each landed cell's dtype and CPU
 
 From a frozen checkout, point it at the live one's folders: RLTOK_STUDY_RESULTS=results/study-prose
 RLTOK_STUDY_RUNS=runs/study-prose RLTOK_SHARED_DATA=../shared/data (as tools/study.py).
@@ -91,10 +90,10 @@ VARIANTS: dict[str, tuple[str, list[str]]] = {
     "rl-2stage-deep": ("rl", ["model.stages=2", "model.main_layers=6", "boundary.inner_baseline=early", *HOLD]),
     "rl-2stage-penalty": ("rl", ["model.stages=2"]),
     # added 2026-12-08 (78 cells done): the compute dtype is a machine's choice (train.dtype=auto),
-    # and the study's machines changed mid-rung: the 8 and 32 MB cells so far trained at 7.4-10.6
-    # kB/s, the pace of the bf16 machines, while an AVX2-only machine trains in fp32 at ~3.5 kB/s.
-    # rl pinned to fp32, paired by seed with the rung's rl cells, says how much a change of dtype
-    # moves a cell (CHECKS); it is not a method
+    # and the study's machine changes between sessions: every 8 and 32 MB cell so far trained in
+    # bf16 (their run summaries), while an AVX2-only machine trains in fp32. rl pinned to fp32,
+    # paired by seed with the rung's rl cells, says how much a change of dtype moves a cell
+    # (CHECKS); it is not a method
     "rl-fp32": ("rl", [*HOLD, "train.dtype=fp32"]),
 }
 PARTNER_OF = {"rl-bpe-rate": "bpe"}  # tag -> the cell whose rates it is trained and evaluated at
@@ -772,65 +771,30 @@ def corpus_lines(leak: dict) -> str:
             f"{leak['test_segments_in_train']:.3%}.\n\n")
 
 
-# Per cell, what it ran on: the compute dtype (``train.dtype=auto`` picks bf16 or fp32 by the CPU,
-# rltok/precision.py) and the CPU. The run's summary.json says the dtype, but runs/ does not
-# survive a change of machine and is not committed, so `provenance` copies it here when a cell
-# lands. Cells landed before 2026-12-08 (78 of them) predate this file: their dtype is unrecorded.
-PROVENANCE = "provenance.json"
-
-
-def this_machine() -> dict:
-    """The CPU this process runs on: model name and whether it has native bf16 instructions."""
-    import platform
-
-    import torch
-
-    from rltok.precision import cpu_has_bf16_instructions, cpu_model
-    return {"cpu": cpu_model() or platform.machine(), "bf16_instructions": cpu_has_bf16_instructions(),
-            "torch": torch.__version__}
-
-
-def record_provenance(out: Path, runs: Path, machine: dict) -> list[str]:
-    """Add each finished cell without an entry in OUT/provenance.json whose run directory (under
-    RUNS) holds a summary.json: its dtype, and ``machine`` (this one: a run directory never outlives
-    its machine). Returns the keys added; cells with no run here stay unrecorded."""
-    path = out / PROVENANCE
-    known = json.loads(path.read_text()) if path.is_file() else {}
-    added = []
-    for cell in sorted((out / "cells").glob("*/*.json")):
-        key = f"{cell.parent.name}/{cell.stem}"
-        summary = runs / cell.parent.name / cell.stem / "summary.json"
-        if key in known or not summary.is_file():
-            continue
-        known[key] = {"dtype": json.loads(summary.read_text()).get("dtype"), **machine}
-        added.append(key)
-    if added:
-        path.write_text(json.dumps(dict(sorted(known.items())), indent=1) + "\n")
-    return added
-
-
-def provenance_lines(cells: list[dict], provenance: dict) -> str:
-    """Per rung, how many cells ran in each compute dtype, and how many predate the record."""
+def dtype_lines(cells: list[dict], out: Path) -> str:
+    """Per rung, how many cells trained in each compute dtype (``train.dtype=auto`` picks bf16 or
+    fp32 by the CPU, rltok/precision.py), read from each cell's committed run summary
+    (OUT/runs/RUNG/TAG_sSEED/summary.json, kept by the cell)."""
     lines = []
     for rung in sorted({c["rung"] for c in cells}, key=RUNGS.get):
-        keys = [f"{c['rung']}/{c['tag']}_s{c['seed']}" for c in cells if c["rung"] == rung]
         counts: dict[str, int] = {}
-        for k in keys:
-            d = (provenance.get(k) or {}).get("dtype") or "unrecorded"
-            counts[d] = counts.get(d, 0) + 1
+        for c in cells:
+            if c["rung"] == rung:
+                f = out / "runs" / rung / f"{c['tag']}_s{c['seed']}" / "summary.json"
+                d = (json.loads(f.read_text()).get("dtype") if f.is_file() else None) or "no summary"
+                counts[d] = counts.get(d, 0) + 1
         lines.append(f"{rung}: " + ", ".join(f"{n} {d}" for d, n in sorted(counts.items())))
     if not lines:
         return ""
-    return ("Compute dtype per cell (provenance.json; bf16 or fp32 as `train.dtype=auto` chose on the "
-            "cell's CPU; cells landed before the record began are unrecorded): " + "; ".join(lines) + ".\n\n")
+    return ("Compute dtype per cell (each run's summary.json under runs/; bf16 or fp32 as `train.dtype=auto` "
+            "chose on the cell's CPU, or as pinned): " + "; ".join(lines) + ".\n\n")
 
 
-def results_json(leak: dict, summary: dict, cells: list[dict], provenance: dict | None = None) -> str:
+def results_json(leak: dict, summary: dict, cells: list[dict]) -> str:
     """The published record, strict JSON: the cell records keep Python's NaN where a value does
     not exist (a byte model's rate), results.json says null."""
     from rltok.checkpoint import finite_or_null
-    record = {"leakage": leak, "summary": summary, "cells": cells, "provenance": provenance or {}}
-    return json.dumps(finite_or_null(record), allow_nan=False) + "\n"
+    return json.dumps(finite_or_null({"leakage": leak, "summary": summary, "cells": cells}), allow_nan=False) + "\n"
 
 
 def cmd_report(args) -> int:
@@ -840,20 +804,13 @@ def cmd_report(args) -> int:
         return 2
     summary = summarize(cells)
     leak = json.loads((OUT / "leakage.json").read_text()) if (OUT / "leakage.json").is_file() else {}
-    prov = json.loads((OUT / PROVENANCE).read_text()) if (OUT / PROVENANCE).is_file() else {}
-    (OUT / "results.json").write_text(results_json(leak, summary, cells, prov))
+    (OUT / "results.json").write_text(results_json(leak, summary, cells))
     (OUT / "tables.md").write_text("# Prose study tables (generated by tools/study_prose.py report)\n\n"
-                                   + corpus_lines(leak) + provenance_lines(cells, prov) + tables(summary) + "\n")
+                                   + corpus_lines(leak) + dtype_lines(cells, OUT) + tables(summary) + "\n")
     plot(summary, cells, OUT / "ladder.png")
     # the README of the checkout these results belong to (OUT is its results/study-prose)
     readme = " and README.md's summary" if write_readme_block(OUT.parent.parent / "README.md", readme_summary(summary)) else ""
     print(f"wrote {OUT}/results.json, tables.md, ladder.png{readme} ({len(cells)} cells)")
-    return 0
-
-
-def cmd_provenance(args) -> int:
-    added = record_provenance(OUT, RUNS, this_machine())
-    print(f"{OUT / PROVENANCE}: " + (", ".join(added) if added else "nothing new"))
     return 0
 
 
@@ -875,7 +832,6 @@ def main(argv=None) -> int:
     c.add_argument("seed", type=int)
     c.set_defaults(func=cmd_cell)
     sub.add_parser("report").set_defaults(func=cmd_report)
-    sub.add_parser("provenance", help="record the dtype and CPU of cells whose runs are here").set_defaults(func=cmd_provenance)
     args = p.parse_args(argv)
     return args.func(args)
 
