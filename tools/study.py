@@ -345,7 +345,7 @@ def cmd_seconds(args) -> int:
 
     for path in sorted((OUT / "cells").glob("*/*.json")):
         rec = json.loads(path.read_text())
-        metrics = OUT / "runs" / rec["rung"] / f"{rec['tag']}_s{rec['seed']}" / METRICS
+        metrics = kept_run_dir(rec["rung"], rec["tag"], rec["seed"]) / METRICS
         if not metrics.is_file() or "train_seconds_legs" in rec:
             continue
         legs = leg_seconds(metrics)
@@ -360,13 +360,19 @@ def cmd_seconds(args) -> int:
     return 0
 
 
+def kept_run_dir(rung: str, tag: str, seed: int, out: Path | None = None) -> Path:
+    """Where a cell's JSON run records are kept: ``out``/runs/RUNG/TAG_sSEED (``out``: this
+    study's results folder by default)."""
+    return (OUT if out is None else out) / "runs" / rung / f"{tag}_s{seed}"
+
+
 def keep_run_files(rung: str, tag: str, seed: int, run: Path, out: Path | None = None) -> None:
     """Copy a cell's JSON records (config, summary, metrics, tokenizer info; never weights) to
     ``out``/runs/RUNG/TAG_sSEED (``out``: this study's results folder by default)."""
     from rltok.bpe import TOKENIZER_INFO
     from rltok.run import CONFIG, METRICS, SUMMARY
 
-    dest = (OUT if out is None else out) / "runs" / rung / f"{tag}_s{seed}"
+    dest = kept_run_dir(rung, tag, seed, out)
     dest.mkdir(parents=True, exist_ok=True)
     for f in (CONFIG, SUMMARY, METRICS, TOKENIZER_INFO):
         if (run / f).is_file():

@@ -773,19 +773,21 @@ def corpus_lines(leak: dict) -> str:
 
 def dtype_lines(cells: list[dict], out: Path) -> str:
     """Per rung, how many cells trained in each compute dtype (``train.dtype=auto`` picks bf16 or
-    fp32 by the CPU, rltok/precision.py), read from each cell's committed run summary
-    (OUT/runs/RUNG/TAG_sSEED/summary.json, kept by the cell)."""
-    lines = []
-    for rung in sorted({c["rung"] for c in cells}, key=RUNGS.get):
-        counts: dict[str, int] = {}
-        for c in cells:
-            if c["rung"] == rung:
-                f = out / "runs" / rung / f"{c['tag']}_s{c['seed']}" / "summary.json"
-                d = (json.loads(f.read_text()).get("dtype") if f.is_file() else None) or "no summary"
-                counts[d] = counts.get(d, 0) + 1
-        lines.append(f"{rung}: " + ", ".join(f"{n} {d}" for d, n in sorted(counts.items())))
-    if not lines:
+    fp32 by the CPU, rltok/precision.py), read from each cell's committed run summary (kept by
+    the cell under OUT/runs, ``study.kept_run_dir``)."""
+    from collections import Counter
+
+    from rltok.run import SUMMARY
+
+    counts: dict[str, Counter] = {}
+    for c in cells:
+        f = v2.kept_run_dir(c["rung"], c["tag"], c["seed"], out) / SUMMARY
+        dtype = (json.loads(f.read_text()).get("dtype") if f.is_file() else None) or "no summary"
+        counts.setdefault(c["rung"], Counter())[dtype] += 1
+    if not counts:
         return ""
+    lines = [f"{rung}: " + ", ".join(f"{n} {d}" for d, n in sorted(counts[rung].items()))
+             for rung in sorted(counts, key=RUNGS.get)]
     return ("Compute dtype per cell (each run's summary.json under runs/; bf16 or fp32 as `train.dtype=auto` "
             "chose on the cell's CPU, or as pinned): " + "; ".join(lines) + ".\n\n")
 
